@@ -1,0 +1,101 @@
+// Command strata is the hierarchical KV cache's command line: the node service
+// (serve), the workload simulator and storage benchmarks (bench), a node inspector
+// (inspect), the page-key calculator (keys) and version.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"syscall"
+)
+
+// exitUsage is the status for bad flags or bad input, as the issue and POSIX tools use.
+const exitUsage = 2
+
+// usageError marks an error in the caller's input (flags, stdin), not a failure of
+// strata: it exits with status 2. Its message is the wrapped error's.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// usagef builds a usageError from a format, wrapping %w as fmt.Errorf does.
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// command is one subcommand.
+type command struct {
+	summary string
+	run     func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error
+}
+
+func commands() map[string]command {
+	return map[string]command{
+		"keys":    {"print the page keys of token ids read from stdin", runKeys},
+		"bench":   {"run the workload simulator or a storage benchmark", runBench},
+		"version": {"print the version", runVersion},
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	cmds := commands()
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stderr, cmds)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return 0
+	}
+	c, ok := cmds[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "strata: unknown command %q (run strata help)\n", args[0])
+		return exitUsage
+	}
+	if err := c.run(ctx, args[1:], stdin, stdout, stderr); err != nil {
+		if errors.Is(err, errHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "strata %s: %v\n", args[0], oneLine(err))
+		if u := (usageError{}); errors.As(err, &u) {
+			return exitUsage
+		}
+		return 1
+	}
+	return 0
+}
+
+func usage(w io.Writer, cmds map[string]command) {
+	fmt.Fprintln(w, "usage: strata <command> [flags]")
+	fmt.Fprintln(w)
+	names := make([]string, 0, len(cmds))
+	for n := range cmds {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-8s %s\n", n, cmds[n].summary)
+	}
+	fmt.Fprintln(w, "\nrun strata <command> -h for its flags")
+}
+
+// oneLine keeps an error message on one line so scripts can parse stderr.
+func oneLine(err error) string {
+	b := []byte(err.Error())
+	for i, c := range b {
+		if c == '\n' || c == '\r' {
+			b[i] = ' '
+		}
+	}
+	return string(b)
+}
