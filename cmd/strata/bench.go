@@ -4,13 +4,159 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/stratakv/strata/hicache"
+	"github.com/stratakv/strata/radix"
+	"github.com/stratakv/strata/sim"
+	"github.com/stratakv/strata/workload"
 )
 
-func runBench(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	def := sim.DefaultConfig()
 	fs := newFlagSet("bench", stderr)
+	wl := fs.String("workload", "multiturn", "workload: "+strings.Join(workload.Names(), ", "))
+	seed := fs.Int64("seed", def.Seed, "trace seed; the same seed gives the same trace")
+	model := fs.String("model", def.Model.Name, "model preset: "+strings.Join(sim.ModelNames(), ", "))
+	draft := fs.Bool("draft", def.Draft, "cache the EAGLE draft model's KV beside the target's")
+	bigram := fs.Bool("bigram", def.Bigram, "key the cache by EAGLE bigrams (needed to serve draft KV right)")
+	pageSize := fs.Int("page-size", def.PageSize, "tokens per page")
+	l1 := fs.Int64("l1-tokens", def.L1Tokens, "L1 (device pool) capacity in tokens")
+	l2 := fs.Float64("l2-ratio", def.L2Ratio, "L2 (host pool) size as a multiple of L1")
+	writePolicy := fs.String("write-policy", def.WritePolicy.String(), "write_through, write_through_selective or write_back")
+	eviction := fs.String("eviction", def.Eviction.String(), "eviction policy: lru or lfu")
+	prefillUS := fs.Float64("prefill-us-per-token", 0, "modelled prefill time per token in microseconds (0 = the model preset's)")
+	decodeMS := fs.Float64("decode-ms", 0, "modelled decode step in milliseconds (0 = the model preset's)")
+	maxRunning := fs.Int("max-running", def.MaxRunning, "most requests the simulated engine runs at once")
+	runs := fs.String("runs", "l1-only,ceiling,strata", "runs to replay, comma-separated")
+	jsonPath := fs.String("json", "", "write the full report as JSON to this file")
+	plotPath := fs.String("plot", "", "write a PNG of hit ratio and TTFT per run to this file")
+	// Workload shape.
+	clients := fs.Int("clients", 0, "multiturn: concurrent conversations (0 = default)")
+	rounds := fs.Int("rounds", 0, "multiturn: rounds per conversation")
+	requestTokens := fs.Int("request-tokens", 0, "multiturn: new tokens per round")
+	outputTokens := fs.Int("output-tokens", 0, "tokens decoded per request")
+	rate := fs.Float64("rate", 0, "mean request arrivals per second (Poisson)")
+	groups := fs.Int("groups", 0, "shared-prefix: system prompts")
+	perGroup := fs.Int("prompts-per-group", 0, "shared-prefix: prompts behind each system prompt")
+	systemTokens := fs.Int("system-tokens", 0, "shared-prefix: system prompt length")
+	questionTokens := fs.Int("question-tokens", 0, "shared-prefix and long-context: question length")
+	documents := fs.Int("documents", 0, "long-context: documents")
+	documentTokens := fs.Int("document-tokens", 0, "long-context: document length")
+	questions := fs.Int("questions", 0, "long-context: questions per document")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, "strata bench: the workload simulator is not built yet")
+	cfg := def
+	cfg.Seed = *seed
+	var err error
+	if cfg.Model, err = sim.ModelByName(*model); err != nil {
+		return usagef("--model: %w", err)
+	}
+	if *prefillUS < 0 || *decodeMS < 0 {
+		return usagef("--prefill-us-per-token and --decode-ms must not be negative")
+	}
+	if *prefillUS > 0 {
+		cfg.Model.PrefillPerToken = time.Duration(*prefillUS * float64(time.Microsecond))
+	}
+	if *decodeMS > 0 {
+		cfg.Model.DecodeStep = time.Duration(*decodeMS * float64(time.Millisecond))
+	}
+	cfg.Draft, cfg.Bigram, cfg.PageSize, cfg.L1Tokens, cfg.L2Ratio, cfg.MaxRunning = *draft, *bigram, *pageSize, *l1, *l2, *maxRunning
+	if cfg.WritePolicy, err = hicache.ParseWritePolicy(*writePolicy); err != nil {
+		return usagef("--write-policy: %w", err)
+	}
+	if cfg.Eviction, err = radix.ParsePolicy(*eviction); err != nil {
+		return usagef("--eviction: %w", err)
+	}
+	cfg.Runs = splitList(*runs)
+	gen, err := workload.ByName(*wl)
+	if err != nil {
+		return usagef("--workload: %w", err)
+	}
+	setIf := func(dst *int, v int) {
+		if v != 0 {
+			*dst = v
+		}
+	}
+	setRate := func(dst *float64) {
+		if *rate != 0 {
+			*dst = *rate
+		}
+	}
+	switch g := gen.(type) {
+	case *workload.Multiturn:
+		setIf(&g.Clients, *clients)
+		setIf(&g.Rounds, *rounds)
+		setIf(&g.RequestTokens, *requestTokens)
+		setIf(&g.OutputTokens, *outputTokens)
+		setRate(&g.RequestRate)
+	case *workload.SharedPrefix:
+		setIf(&g.Groups, *groups)
+		setIf(&g.PromptsPerGroup, *perGroup)
+		setIf(&g.SystemTokens, *systemTokens)
+		setIf(&g.QuestionTokens, *questionTokens)
+		setIf(&g.OutputTokens, *outputTokens)
+		setRate(&g.RequestRate)
+	case *workload.LongContext:
+		setIf(&g.Documents, *documents)
+		setIf(&g.DocumentTokens, *documentTokens)
+		setIf(&g.QuestionsPerDocument, *questions)
+		setIf(&g.QuestionTokens, *questionTokens)
+		setIf(&g.OutputTokens, *outputTokens)
+		setRate(&g.RequestRate)
+	}
+	cfg.Workload = gen
+	if err := cfg.Validate(); err != nil {
+		return usageError{err}
+	}
+	cfg.Progress = sim.NewProgress(stderr, isTerminalWriter(stderr))
+	rep, err := sim.Run(ctx, cfg)
+	if err != nil {
+		if isUsage(err) {
+			return usageError{err}
+		}
+		return err
+	}
+	if err := rep.WriteTable(stdout); err != nil {
+		return err
+	}
+	if *jsonPath != "" {
+		if err := rep.WriteJSON(*jsonPath); err != nil {
+			return fmt.Errorf("--json: %w", err)
+		}
+	}
+	if *plotPath != "" {
+		if err := rep.WritePlot(*plotPath); err != nil {
+			return fmt.Errorf("--plot: %w", err)
+		}
+	}
+	for _, r := range rep.Runs {
+		if r.CorruptPages > 0 {
+			return fmt.Errorf("run %s served %d corrupt pages", r.Name, r.CorruptPages)
+		}
+	}
 	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func isTerminalWriter(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && sim.IsTerminal(f)
+}
+
+// isUsage reports whether err is a configuration error the caller can fix.
+func isUsage(err error) bool {
+	return errorsIs(err, sim.ErrConfig) || errorsIs(err, workload.ErrConfig) || errorsIs(err, hicache.ErrConfig)
 }

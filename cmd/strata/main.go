@@ -99,3 +99,5 @@ func oneLine(err error) string {
 	}
 	return string(b)
 }
+
+func errorsIs(err, target error) bool { return errors.Is(err, target) }

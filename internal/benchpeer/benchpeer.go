@@ -27,3 +27,23 @@ func Report(b *testing.B, unit string, peer func()) float64 {
 	b.ReportMetric(ratio, unit)
 	return ratio
 }
+
+// ReportCost is Report's inverse: it reports benchTime/peerTime, for figures stated
+// as "at most k times the peer's time".
+func ReportCost(b *testing.B, unit string, peer func()) float64 {
+	b.Helper()
+	ours := b.Elapsed()
+	n := b.N
+	if n < 1 || ours <= 0 {
+		return 0
+	}
+	peer()
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		peer()
+	}
+	theirs := time.Since(start)
+	cost := float64(ours) / float64(theirs)
+	b.ReportMetric(cost, unit)
+	return cost
+}

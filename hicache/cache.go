@@ -1,0 +1,262 @@
+// Package hicache is the hierarchical KV cache an engine calls on every request: a
+// paged radix tree over a pool group (target model plus EAGLE draft pools), L1 in
+// the engine's device pools and L2 in host pools. It finds the longest cached
+// prefix of a request (loading the part found only in L2 back into L1), caches
+// the pages a request computed, backs L1 pages up to L2 under a write policy, and
+// evicts from both tiers under pressure. Target and draft pages move together: a
+// page is cached for the group in a tier only when every pool has it there.
+//
+// Concurrency: a Cache is safe for concurrent use; its methods serialise on one
+// mutex. Copies run on the copy engine's goroutines and never touch the tree: a
+// finished copy is accounted for by the next call into the cache (or by Sync), so
+// the tree only changes inside calls. A Request's Wait and WaitLayer block on
+// copies without holding the cache.
+//
+// Lifecycle of a request: Match (locks the prefix, starts loading its L2 part),
+// AllocDevice for the pages to compute, Insert after prefill (the new pages
+// become cached, the lock moves to them), Finish when the request ends (caches
+// the decoded pages too, frees the partial last page, unlocks).
+package hicache
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/stratakv/strata/pool"
+)
+
+// Cache is the hierarchical cache. See the package comment.
+type Cache struct {
+	mu     sync.Mutex
+	closed bool
+	impl   engine
+	cfg    Config
+}
+
+// engine is the cache's logic for one key type (tokens or bigrams); methods run
+// under Cache.mu.
+type engine interface {
+	match(tokens []uint32) (*Request, error)
+	insert(r *Request, tokens []uint32, pages []pool.PageID) ([]pool.PageID, error)
+	unlock(r *Request) error
+	allocDevice(n int) ([]pool.PageID, error)
+	freeDevice(pages []pool.PageID) error
+	reap()
+	inflight() []*pool.Transfer
+	stats() Stats
+	close() error
+}
+
+// New builds a cache over device (L1) and host (L2). host may be nil for an
+// L1-only prefix cache. The cache does not own the pools: close them after Close.
+func New(cfg Config, device pool.DeviceGroup, host *pool.Group) (*Cache, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if len(device.Pools) == 0 || device.Pages == nil {
+		return nil, fmt.Errorf("device group with no pools: %w", ErrConfig)
+	}
+	for _, p := range device.Pools {
+		if p.Layout().PageSize != cfg.PageSize {
+			return nil, fmt.Errorf("device pool %q has %d-token pages, the cache %d: %w", p.Name(), p.Layout().PageSize, cfg.PageSize, ErrConfig)
+		}
+	}
+	if host != nil {
+		if err := device.Validate(host); err != nil {
+			return nil, fmt.Errorf("host group does not match the device group: %w", err)
+		}
+		if host.Pages() < device.Pages.Pages() {
+			return nil, fmt.Errorf("L2 of %d pages is smaller than L1 of %d: every L1 page must fit L2 to be backed up; give the host pool at least the device pool's pages (SGLang uses 2-4x): %w",
+				host.Pages(), device.Pages.Pages(), ErrConfig)
+		}
+	}
+	maxPages := device.Pages.Pages()
+	if host != nil {
+		maxPages += host.Pages()
+	}
+	var (
+		impl engine
+		err  error
+	)
+	if cfg.Bigram {
+		impl, err = newCore(cfg, device, host, maxPages, bigramKey)
+	} else {
+		impl, err = newCore(cfg, device, host, maxPages, tokenKey)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &Cache{impl: impl, cfg: cfg}, nil
+}
+
+// Config returns the cache's configuration.
+func (c *Cache) Config() Config { return c.cfg }
+
+func (c *Cache) lock() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	c.impl.reap()
+	return nil
+}
+
+// Match finds the longest cached prefix of tokens, locks it in L1 for the
+// request, and starts loading the part found only in L2 (when it is at least
+// LoadBackMinTokens long and L1 has room). Fewer tokens than a page match nothing.
+func (c *Cache) Match(tokens []uint32) (*Request, error) {
+	if err := c.lock(); err != nil {
+		return nil, err
+	}
+	defer c.mu.Unlock()
+	r, err := c.impl.match(tokens)
+	if r != nil {
+		r.cache = c
+	}
+	return r, err
+}
+
+// AllocDevice takes n L1 pages for the engine to compute into, evicting unlocked
+// pages (to L2 or out) when too few are free. ErrDeviceFull means the running
+// requests hold the whole pool.
+func (c *Cache) AllocDevice(n int) ([]pool.PageID, error) {
+	if err := c.lock(); err != nil {
+		return nil, err
+	}
+	defer c.mu.Unlock()
+	return c.impl.allocDevice(n)
+}
+
+// FreeDevice returns L1 pages the engine allocated and will not insert.
+func (c *Cache) FreeDevice(pages []pool.PageID) error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	return c.impl.freeDevice(pages)
+}
+
+// Insert caches the whole pages of tokens after the engine computed them. pages is
+// the request's page table: one L1 page per page of tokens (the partial last page
+// included), starting with r.DevicePages. The cache takes the pages of the whole
+// pages it did not have; where it already had a page in another L1 page, it frees
+// the engine's copy. The returned page table (whole pages only) is what the
+// engine uses from now on; the request's lock moves to its new end.
+func (c *Cache) Insert(r *Request, tokens []uint32, pages []pool.PageID) ([]pool.PageID, error) {
+	if err := c.lock(); err != nil {
+		return nil, err
+	}
+	defer c.mu.Unlock()
+	if err := c.check(r); err != nil {
+		return nil, err
+	}
+	return c.impl.insert(r, tokens, pages)
+}
+
+// Finish caches the request's whole pages as Insert does, frees its partial last
+// page and ends the request.
+func (c *Cache) Finish(r *Request, tokens []uint32, pages []pool.PageID) error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	if err := c.check(r); err != nil {
+		return err
+	}
+	prefix, err := c.impl.insert(r, tokens, pages)
+	if err != nil {
+		return err
+	}
+	if err := c.impl.freeDevice(pages[len(prefix):]); err != nil {
+		return err
+	}
+	r.done = true
+	return c.impl.unlock(r)
+}
+
+// Release ends a request without caching anything more; the engine frees the pages
+// it allocated beyond r.DevicePages with FreeDevice.
+func (c *Cache) Release(r *Request) error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	if err := c.check(r); err != nil {
+		return err
+	}
+	r.done = true
+	return c.impl.unlock(r)
+}
+
+func (c *Cache) check(r *Request) error {
+	if r == nil || r.cache != c {
+		return fmt.Errorf("request of another cache: %w", ErrRequest)
+	}
+	if r.done {
+		return fmt.Errorf("request already finished: %w", ErrRequest)
+	}
+	return nil
+}
+
+// Sync waits for every copy in flight (loads and backups) and accounts for them.
+func (c *Cache) Sync(ctx context.Context) error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	pending := c.impl.inflight()
+	c.mu.Unlock()
+	for _, t := range pending {
+		if err := t.Wait(ctx); err != nil && ctx.Err() != nil {
+			return err
+		}
+	}
+	if err := c.lock(); err != nil {
+		return err
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// Stats returns a snapshot of the cache's counters.
+func (c *Cache) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.impl.reap()
+	}
+	return c.impl.stats()
+}
+
+// Close waits for copies in flight, stops the copy engine and releases the tree.
+// The pools stay open; requests still held are abandoned.
+func (c *Cache) Close() error {
+	if err := c.Sync(context.Background()); err != nil && err != ErrClosed {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	return c.impl.close()
+}
+
+// tokenKey uses the tokens themselves as the tree key.
+func tokenKey(tokens []uint32) []uint32 { return tokens }
+
+// bigramKey packs EAGLE bigrams (t[i], t[i+1]) into one element each.
+func bigramKey(tokens []uint32) []uint64 {
+	if len(tokens) < 2 {
+		return nil
+	}
+	out := make([]uint64, len(tokens)-1)
+	for i := range out {
+		out[i] = uint64(tokens[i])<<32 | uint64(tokens[i+1])
+	}
+	return out
+}
+
+func contextBackground() context.Context { return context.Background() }

@@ -1,0 +1,149 @@
+package radix
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/stratakv/strata/pool"
+)
+
+// Walk calls fn for every node below the root, parents before children, with the
+// node's full key from the root (valid only during the call). It stops when fn
+// returns false.
+func (t *Tree[E]) Walk(fn func(prefix []E, n *Node[E]) bool) {
+	type frame struct {
+		n     *Node[E]
+		depth int
+	}
+	var prefix []E
+	stack := make([]frame, 0, len(t.root.children))
+	for _, c := range t.root.children {
+		stack = append(stack, frame{c, 0})
+	}
+	for len(stack) > 0 {
+		f := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		prefix = t.AppendKey(prefix[:f.depth], f.n)
+		if !fn(prefix, f.n) {
+			return
+		}
+		for _, c := range f.n.children {
+			stack = append(stack, frame{c, len(prefix)})
+		}
+	}
+}
+
+// Check verifies the tree's invariants and returns every violation found: node
+// shapes, tier residency (every node cached somewhere, L1 nodes below L1 nodes),
+// reference counts, counters, page uniqueness, child indexes and victim heaps. It
+// walks the whole tree; tests and debugging use it.
+func (t *Tree[E]) Check() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	devSeen := map[pool.PageID]bool{}
+	tokSeen := map[int32]bool{}
+	hostSeen := map[pool.PageID]bool{}
+	nodes, devPages, hostPages := 0, 0, 0
+	var visit func(n *Node[E])
+	visit = func(n *Node[E]) {
+		var lockSum, refSum, devChildren int32
+		firsts := map[string]bool{}
+		for _, c := range n.children {
+			if c.parent != n {
+				bad("child's parent pointer is wrong")
+			}
+			if c.removed {
+				bad("removed node still linked")
+			}
+			if len(c.keys) == 0 {
+				bad("node with no pages")
+				continue
+			}
+			for _, k := range c.keys {
+				if k < 0 || int(k) >= t.cfg.MaxPages || tokSeen[k] {
+					bad("token page %d out of range or held twice", k)
+				}
+				tokSeen[k] = true
+			}
+			first := fmt.Sprint(t.firstPage(c))
+			if firsts[first] {
+				bad("two children start with the same page")
+			}
+			firsts[first] = true
+			if t.child(n, t.firstPage(c)) != c {
+				bad("child lookup does not find its child")
+			}
+			lockSum += c.lockRef
+			refSum += c.hostRef
+			if c.device != nil {
+				devChildren++
+			}
+			nodes++
+			pages := len(c.keys)
+			if c.device != nil && len(c.device) != pages || c.host != nil && len(c.host) != pages {
+				bad("node of %d pages has %d device and %d host pages", pages, len(c.device), len(c.host))
+			}
+			if c.device == nil && c.host == nil {
+				bad("node of %d pages is cached in no tier", pages)
+			}
+			if c.device != nil && n.parent != nil && n.device == nil {
+				bad("node in L1 below a node that is not")
+			}
+			for _, p := range c.device {
+				if devSeen[p] {
+					bad("device page %d held twice", p)
+				}
+				devSeen[p] = true
+			}
+			for _, p := range c.host {
+				if hostSeen[p] {
+					bad("host page %d held twice", p)
+				}
+				hostSeen[p] = true
+			}
+			devPages += len(c.device)
+			hostPages += len(c.host)
+			if inHeap := c.heapIdx[deviceTier] >= 0; inHeap != t.deviceCandidate(c) {
+				bad("device heap membership %v, candidacy %v", inHeap, t.deviceCandidate(c))
+			}
+			if inHeap := c.heapIdx[hostTier] >= 0; inHeap != t.hostCandidate(c) {
+				bad("host heap membership %v, candidacy %v", inHeap, t.hostCandidate(c))
+			}
+			visit(c)
+		}
+		if n.deviceChildren != devChildren {
+			bad("node counts %d children in L1, has %d", n.deviceChildren, devChildren)
+		}
+		if n.parent != nil && (n.lockRef < lockSum || n.hostRef < refSum) {
+			bad("references below children's: lock %d < %d or host %d < %d", n.lockRef, lockSum, n.hostRef, refSum)
+		}
+		if n.lockRef < 0 || n.hostRef < 0 {
+			bad("negative reference count")
+		}
+	}
+	visit(t.root)
+	if len(tokSeen) != t.tokens.used() {
+		bad("token arena has %d pages in use, nodes hold %d", t.tokens.used(), len(tokSeen))
+	}
+	if nodes != t.nodes || devPages != t.devicePages || hostPages != t.hostPages {
+		bad("counters nodes %d/%d device %d/%d host %d/%d", t.nodes, nodes, t.devicePages, devPages, t.hostPages, hostPages)
+	}
+	for _, h := range []*victimHeap[E]{&t.deviceHeap, &t.hostHeap} {
+		for i, n := range h.nodes {
+			if int(n.heapIdx[h.tier]) != i {
+				bad("heap index of a node is stale")
+			}
+			if i > 0 && h.less(n, h.nodes[(i-1)/2]) {
+				bad("heap order violated")
+			}
+			if n.removed {
+				bad("removed node in a victim heap")
+			}
+		}
+	}
+	if len(errs) > 8 {
+		errs = slices.Clip(errs[:8])
+	}
+	return errors.Join(errs...)
+}

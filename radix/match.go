@@ -1,0 +1,182 @@
+package radix
+
+import (
+	"bytes"
+	"unsafe"
+
+	"github.com/stratakv/strata/pool"
+)
+
+// Span is one node's part of a match, with where its pages live.
+type Span[E Elem] struct {
+	// Node holds the span's pages.
+	Node *Node[E]
+	// Pages is the number of pages of the span (all of Node's pages).
+	Pages int
+	// Device is the span's device pages, nil when it is not in L1.
+	Device []pool.PageID
+	// Host is the span's host pages, nil when it is not in L2.
+	Host []pool.PageID
+}
+
+// Match is the longest cached prefix of a key.
+type Match[E Elem] struct {
+	// Pages is the number of whole pages matched.
+	Pages int
+	// Spans lists the matched nodes from the root down. Device-resident spans come
+	// first: a node is in L1 only if its parent is.
+	Spans []Span[E]
+	// Last is the deepest matched node, the root when nothing matched. Lock it to
+	// keep the whole prefix from eviction.
+	Last *Node[E]
+}
+
+// DevicePages is the number of leading matched pages that are in L1.
+func (m Match[E]) DevicePages() int {
+	n := 0
+	for _, s := range m.Spans {
+		if s.Device == nil {
+			break
+		}
+		n += s.Pages
+	}
+	return n
+}
+
+// AppendDevice appends the device pages of the leading L1 spans to dst.
+func (m Match[E]) AppendDevice(dst []pool.PageID) []pool.PageID {
+	for _, s := range m.Spans {
+		if s.Device == nil {
+			break
+		}
+		dst = append(dst, s.Device...)
+	}
+	return dst
+}
+
+// Match finds the longest cached prefix of key in whole pages (a partial last page
+// is ignored). It splits the node where the match ends, so the match covers whole
+// nodes, and it counts a hit and an access on every matched node.
+func (t *Tree[E]) Match(key []E) Match[E] {
+	ps := t.cfg.PageSize
+	key = key[:len(key)/ps*ps]
+	now := t.tick()
+	var m Match[E]
+	n := t.root
+	for pos := 0; pos < len(key); {
+		c := t.child(n, key[pos:pos+ps])
+		if c == nil {
+			break
+		}
+		k := t.matchPages(c, key[pos:])
+		full := k == len(c.keys)
+		if !full {
+			c = t.split(c, k)
+		}
+		c.lastAccess = now
+		c.hits++
+		t.refresh(c)
+		m.Spans = append(m.Spans, Span[E]{Node: c, Pages: k, Device: c.device, Host: c.host})
+		m.Pages += k
+		pos += k * ps
+		n = c
+		if !full {
+			break
+		}
+	}
+	m.Last = n
+	return m
+}
+
+// Peek returns how many whole pages of key are cached, changing nothing.
+func (t *Tree[E]) Peek(key []E) int {
+	ps := t.cfg.PageSize
+	key = key[:len(key)/ps*ps]
+	pages := 0
+	n := t.root
+	for pos := 0; pos < len(key); {
+		c := t.child(n, key[pos:pos+ps])
+		if c == nil {
+			break
+		}
+		k := t.matchPages(c, key[pos:])
+		pages += k
+		if k < len(c.keys) {
+			break
+		}
+		pos += k * ps
+		n = c
+	}
+	return pages
+}
+
+// matchPages counts the whole pages at the start of key that equal n's pages. The
+// arena hands out consecutive token pages for a node when it can, so the node's
+// pages are compared run by run, each run one vectorised memory comparison.
+func (t *Tree[E]) matchPages(n *Node[E], key []E) int {
+	ps := t.cfg.PageSize
+	limit := min(len(n.keys), len(key)/ps)
+	for i := 0; i < limit; {
+		j := i + 1
+		for j < limit && n.keys[j] == n.keys[j-1]+1 {
+			j++
+		}
+		if equalElems(t.tokens.run(n.keys[i], j-i), key[i*ps:j*ps]) {
+			i = j
+			continue
+		}
+		for ; i < j; i++ {
+			if !equalElems(t.tokens.page(n.keys[i]), key[i*ps:(i+1)*ps]) {
+				return i
+			}
+		}
+	}
+	return limit
+}
+
+// equalElems compares two equal-length element slices as bytes: slices.Equal on
+// integer elements compiles to a scalar loop, bytes.Equal to the runtime's
+// vectorised memequal.
+func equalElems[E Elem](a, b []E) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 {
+		return true
+	}
+	size := int(unsafe.Sizeof(a[0]))
+	return bytes.Equal(unsafe.Slice((*byte)(unsafe.Pointer(&a[0])), len(a)*size),
+		unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), len(b)*size))
+}
+
+// split cuts c after k pages and returns the new head node, which takes c's place
+// under c's parent; c keeps the tail. The head inherits c's reference counts,
+// because every lock or host reference held on c also holds its ancestors.
+func (t *Tree[E]) split(c *Node[E], k int) *Node[E] {
+	head := &Node[E]{
+		parent:     c.parent,
+		keys:       c.keys[:k:k],
+		lockRef:    c.lockRef,
+		hostRef:    c.hostRef,
+		hits:       c.hits,
+		lastAccess: c.lastAccess,
+		heapIdx:    [2]int32{-1, -1},
+	}
+	c.keys = c.keys[k:]
+	if c.device != nil {
+		head.device = c.device[:k:k]
+		c.device = c.device[k:]
+		head.deviceChildren = 1
+	}
+	if c.host != nil {
+		head.host = c.host[:k:k]
+		c.host = c.host[k:]
+	}
+	t.replaceChild(c.parent, c, head)
+	head.children = []*Node[E]{c}
+	c.parent = head
+	t.nodes++
+	// The head has a child, so it is no victim; c's candidacy did not change.
+	t.refresh(head)
+	return head
+}

@@ -1,0 +1,197 @@
+package radix
+
+import (
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"testing"
+
+	"github.com/stratakv/strata/internal/benchpeer"
+	"github.com/stratakv/strata/pool"
+)
+
+const (
+	benchPage   = 64
+	benchPrefix = 131072
+)
+
+func randomTokens(r *rand.Rand, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = r.Uint32N(151936)
+	}
+	return t
+}
+
+// benchTree holds a 131072-token sequence and 64 branches of 16384 tokens that leave
+// it every 2048 tokens: 1.18M cached tokens, the main path cut into 65 nodes.
+func benchTree(b *testing.B) (*Tree[uint32], []uint32) {
+	r := rand.New(rand.NewPCG(1, 2))
+	tree, err := New[uint32](Config{PageSize: benchPage, MaxPages: 1 << 17})
+	if err != nil {
+		b.Fatal(err)
+	}
+	next := pool.PageID(0)
+	devPages := func(n int) []pool.PageID {
+		out := make([]pool.PageID, n)
+		for i := range out {
+			out[i] = next
+			next++
+		}
+		return out
+	}
+	main := randomTokens(r, benchPrefix)
+	if _, err := tree.Insert(main, devPages(benchPrefix/benchPage)); err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < 64; i++ {
+		at := (i + 1) * 2048
+		branch := append(slices.Clone(main[:at]), randomTokens(r, 16384)...)
+		dev := tree.Match(branch).AppendDevice(nil)
+		if _, err := tree.Insert(branch, append(dev, devPages(16384/benchPage)...)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return tree, main
+}
+
+// BenchmarkMatch131072 is the figure: matching a 131072-token prefix in a tree
+// of over 1M cached tokens, against a plain comparison of the same token arrays
+// (the runtime's vectorised memequal over their bytes, the fastest comparison Go
+// has). Target: cost-vs-compare at most 2.
+func BenchmarkMatch131072(b *testing.B) {
+	tree, main := benchTree(b)
+	query := slices.Clone(main)
+	var m Match[uint32]
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		m = tree.Match(query)
+	}
+	b.StopTimer()
+	if m.Pages != benchPrefix/benchPage {
+		b.Fatalf("matched %d pages", m.Pages)
+	}
+	b.ReportMetric(float64(len(m.Spans)), "nodes-on-path")
+	benchpeer.ReportCost(b, "cost-vs-compare", func() {
+		if !equalElems(query, main) {
+			b.Fatal("unequal")
+		}
+	})
+}
+
+// BenchmarkInsert131072 inserts 131072-token sequences that leave the main path half
+// way (a split, 65536 new tokens stored), in batches of 32 distinct sequences that
+// are removed untimed between batches, against a plain comparison of each sequence
+// with an equal copy. Target: cost-vs-compare at most 2.
+func BenchmarkInsert131072(b *testing.B) {
+	tree, main := benchTree(b)
+	const batch = 32
+	r := rand.New(rand.NewPCG(3, 4))
+	seqs := make([][]uint32, batch)
+	for i := range seqs {
+		seqs[i] = slices.Clone(main)
+		copy(seqs[i][benchPrefix/2:], randomTokens(r, benchPrefix/2))
+	}
+	dev := make([]pool.PageID, benchPrefix/benchPage)
+	shared := tree.Match(main[:benchPrefix/2]).AppendDevice(nil)
+	copy(dev, shared)
+	for i := len(shared); i < len(dev); i++ {
+		dev[i] = pool.PageID(1<<30 + i)
+	}
+	var inserted []*Node[uint32]
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		res, err := tree.Insert(seqs[i%batch], dev)
+		if err != nil || res.NewPages != len(dev)-len(shared) {
+			b.Fatalf("insert: %v %+v", err, res.NewPages)
+		}
+		inserted = append(inserted, res.New[0])
+		if len(inserted) == batch {
+			b.StopTimer()
+			for _, n := range inserted {
+				if _, _, err := tree.Remove(n); err != nil {
+					b.Fatal(err)
+				}
+			}
+			inserted = inserted[:0]
+			b.StartTimer()
+		}
+	}
+	b.StopTimer()
+	// The peer compares the same arrays the inserts read, in the same rotation, so
+	// both meet the same cache state.
+	clones := make([][]uint32, batch)
+	for i := range clones {
+		clones[i] = slices.Clone(seqs[i])
+	}
+	k := 0
+	benchpeer.ReportCost(b, "cost-vs-compare", func() {
+		if !equalElems(seqs[k%batch], clones[k%batch]) {
+			b.Fatal("unequal")
+		}
+		k++
+	})
+}
+
+// BenchmarkHeapPerPage reports the Go heap the tree spends per cached page (the
+// token ids live in the mapped token arena, not on the heap): for long sequences
+// (few large nodes) and for a bushy tree where every node is a single page.
+func BenchmarkHeapPerPage(b *testing.B) {
+	shapes := []struct {
+		name      string
+		seqs, len int
+		branchAt  func(i int) int
+	}{
+		{"long", 64, 16384, func(i int) int { return 0 }},
+		{"one-page-nodes", 16384, 2 * benchPage, func(i int) int { return benchPage }},
+	}
+	for _, shape := range shapes {
+		b.Run(shape.name, func(b *testing.B) {
+			var perPage float64
+			for i := 0; i < b.N; i++ {
+				r := rand.New(rand.NewPCG(5, 6))
+				seqs := make([][]uint32, shape.seqs)
+				// Bushy: 128 first pages, each followed by 128 distinct second pages.
+				firsts := make([][]uint32, 128)
+				for j := range firsts {
+					firsts[j] = randomTokens(r, benchPage)
+				}
+				for j := range seqs {
+					if shape.branchAt(j) > 0 {
+						seqs[j] = append(slices.Clone(firsts[j%128]), randomTokens(r, shape.len-benchPage)...)
+					} else {
+						seqs[j] = randomTokens(r, shape.len)
+					}
+				}
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				tree, err := New[uint32](Config{PageSize: benchPage, MaxPages: 1 << 15})
+				if err != nil {
+					b.Fatal(err)
+				}
+				next := pool.PageID(0)
+				for _, s := range seqs {
+					dev := tree.Match(s).AppendDevice(nil)
+					for len(dev) < len(s)/benchPage {
+						dev = append(dev, next)
+						next++
+					}
+					if _, err := tree.Insert(s, dev); err != nil {
+						b.Fatal(err)
+					}
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				heap := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+				perPage = float64(heap) / float64(tree.DevicePages())
+				b.ReportMetric(float64(tree.DevicePages()), "pages")
+				b.ReportMetric(float64(tree.Nodes()), "nodes")
+				runtime.KeepAlive(tree)
+				runtime.KeepAlive(seqs)
+				tree.Close()
+			}
+			b.ReportMetric(perPage, "heap-bytes/page")
+		})
+	}
+}

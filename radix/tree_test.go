@@ -1,0 +1,313 @@
+package radix
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/stratakv/strata/pool"
+)
+
+func newTree(t *testing.T, ps int, policy Policy) *Tree[uint32] {
+	t.Helper()
+	tree, err := New[uint32](Config{PageSize: ps, Policy: policy, MaxPages: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tree.Close() })
+	return tree
+}
+
+func pages(ids ...int) []pool.PageID {
+	out := make([]pool.PageID, len(ids))
+	for i, id := range ids {
+		out[i] = pool.PageID(id)
+	}
+	return out
+}
+
+func mustInsert(t *testing.T, tree *Tree[uint32], key []uint32, dev []pool.PageID) Inserted[uint32] {
+	t.Helper()
+	res, err := tree.Insert(key, dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tree.Check(); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestMatchInsertSplit(t *testing.T) {
+	tree := newTree(t, 2, LRU)
+	res := mustInsert(t, tree, []uint32{1, 2, 3, 4, 5, 6, 7}, pages(10, 11, 12))
+	if len(res.New) != 1 || res.NewPages != 3 || len(res.Duplicate) != 0 {
+		t.Fatalf("first insert: %+v", res)
+	}
+	// A shared prefix of 2 pages, then a branch: the node splits.
+	res = mustInsert(t, tree, []uint32{1, 2, 3, 4, 9, 9}, pages(10, 11, 20))
+	if res.NewPages != 1 || len(res.Duplicate) != 0 || tree.Nodes() != 3 {
+		t.Fatalf("branching insert: %+v, %d nodes", res, tree.Nodes())
+	}
+	m := tree.Match([]uint32{1, 2, 3, 4, 5, 6, 0})
+	if m.Pages != 3 || m.DevicePages() != 3 || !slices.Equal(m.AppendDevice(nil), pages(10, 11, 12)) {
+		t.Fatalf("match: %+v", m)
+	}
+	// A match that ends inside a node splits it there.
+	m = tree.Match([]uint32{1, 2, 7, 7})
+	if m.Pages != 1 || tree.Nodes() != 4 || !slices.Equal(m.Last.Device(), pages(10)) {
+		t.Fatalf("partial match: pages %d nodes %d", m.Pages, tree.Nodes())
+	}
+	if got := tree.Peek([]uint32{1, 2, 3, 4, 9, 9, 9}); got != 3 {
+		t.Fatalf("Peek = %d", got)
+	}
+	if got := tree.Peek([]uint32{1}); got != 0 {
+		t.Fatalf("Peek of less than a page = %d", got)
+	}
+	// Inserting the same prefix with other device pages reports them as duplicates.
+	res = mustInsert(t, tree, []uint32{1, 2, 3, 4}, pages(30, 31))
+	if !slices.Equal(res.Duplicate, pages(30, 31)) || res.NewPages != 0 {
+		t.Fatalf("duplicate insert: %+v", res)
+	}
+	if _, err := tree.Insert([]uint32{1, 2, 3, 4}, pages(1)); !errors.Is(err, ErrPages) {
+		t.Fatalf("insert with too few pages: %v", err)
+	}
+	if err := tree.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLRUAndLFUVictimOrder(t *testing.T) {
+	for _, policy := range []Policy{LRU, LFU} {
+		tree := newTree(t, 1, policy)
+		mustInsert(t, tree, []uint32{1}, pages(1))
+		mustInsert(t, tree, []uint32{2}, pages(2))
+		mustInsert(t, tree, []uint32{3}, pages(3))
+		// Hit 1 three times, 2 once; then touch 3 last.
+		for i := 0; i < 3; i++ {
+			tree.Match([]uint32{1})
+		}
+		tree.Match([]uint32{2})
+		tree.Match([]uint32{3})
+		var order []pool.PageID
+		for {
+			dev, _ := tree.EvictDevice(1)
+			if len(dev) == 0 {
+				break
+			}
+			order = append(order, dev...)
+		}
+		want := pages(1, 2, 3) // LRU: 1 was touched first
+		if policy == LFU {
+			want = pages(2, 3, 1) // LFU: 2 and 3 tie at one hit, 2 is older; 1 has three
+		}
+		if !slices.Equal(order, want) {
+			t.Errorf("%v evicted %v, want %v", policy, order, want)
+		}
+	}
+}
+
+func TestLocksAndHostRefsProtectNodes(t *testing.T) {
+	tree := newTree(t, 1, LRU)
+	mustInsert(t, tree, []uint32{1, 2, 3}, pages(1, 2, 3))
+	mustInsert(t, tree, []uint32{1, 5}, pages(1, 5))
+	m := tree.Match([]uint32{1, 2, 3})
+	if err := tree.Lock(m.Last); err != nil {
+		t.Fatal(err)
+	}
+	dev, _ := tree.EvictDevice(10)
+	if !slices.Equal(dev, pages(5)) {
+		t.Fatalf("evicted %v under a lock on [1 2 3]", dev)
+	}
+	if err := tree.Unlock(m.Last); err != nil {
+		t.Fatal(err)
+	}
+	if err := tree.Unlock(m.Last); !errors.Is(err, ErrLocked) {
+		t.Fatalf("second unlock: %v", err)
+	}
+	// Back up the tail, reference it, and drop the rest from L1.
+	tail := tree.Match([]uint32{1, 2, 3}).Last
+	if err := tree.SetHost(tail, pages(100, 101)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tree.HostRef(tail); err != nil {
+		t.Fatal(err)
+	}
+	dev, host := tree.EvictDevice(10)
+	if len(host) != 0 || !slices.Contains(dev, 3) {
+		t.Fatalf("evict with the tail referenced: dev %v host %v", dev, host)
+	}
+	// The tail is in L2 only and referenced: not a host victim. Its parent has no
+	// host copy, but the reference keeps it too: removing it would free the tail.
+	if tree.HostVictim() != nil {
+		t.Fatal("referenced node offered as host victim")
+	}
+	if err := tree.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tree.HostUnref(tail); err != nil {
+		t.Fatal(err)
+	}
+	if err := tree.HostUnref(tail); !errors.Is(err, ErrLocked) {
+		t.Fatalf("second unref: %v", err)
+	}
+	dev, host = tree.EvictDevice(10)
+	host = append(host, tree.EvictHost(10)...)
+	if tree.Nodes() != 0 || tree.DevicePages() != 0 || tree.HostPages() != 0 || !slices.Contains(host, 100) {
+		t.Fatalf("after releasing everything: nodes %d dev %d host %d (freed %v %v)", tree.Nodes(), tree.DevicePages(), tree.HostPages(), dev, host)
+	}
+	if err := tree.Lock(tail); !errors.Is(err, ErrNode) {
+		t.Fatalf("lock a removed node: %v", err)
+	}
+}
+
+func TestLoadBackAndRevive(t *testing.T) {
+	tree := newTree(t, 2, LRU)
+	mustInsert(t, tree, []uint32{1, 2, 3, 4}, pages(1, 2))
+	n := tree.Match([]uint32{1, 2, 3, 4}).Last
+	if err := tree.SetHost(n, pages(50, 51)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tree.SetHost(n, pages(52, 53)); !errors.Is(err, ErrNode) {
+		t.Fatalf("second SetHost: %v", err)
+	}
+	if dev, _ := tree.EvictDevice(2); !slices.Equal(dev, pages(1, 2)) {
+		t.Fatalf("evicted %v", dev)
+	}
+	m := tree.Match([]uint32{1, 2, 3, 4})
+	if m.Pages != 2 || m.DevicePages() != 0 || !slices.Equal(m.Spans[0].Host, pages(50, 51)) {
+		t.Fatalf("L2-only match: %+v", m)
+	}
+	if err := tree.SetDevice(m.Last, pages(7)); !errors.Is(err, ErrPages) {
+		t.Fatalf("SetDevice with too few pages: %v", err)
+	}
+	if err := tree.SetDevice(m.Last, pages(7, 8)); err != nil {
+		t.Fatal(err)
+	}
+	if tree.Match([]uint32{1, 2, 3, 4}).DevicePages() != 2 {
+		t.Fatal("loaded node not in L1")
+	}
+	// Evict again, then insert the prefix with fresh pages: the node is revived.
+	tree.EvictDevice(2)
+	res := mustInsert(t, tree, []uint32{1, 2, 3, 4, 5, 6}, pages(9, 10, 11))
+	if len(res.Revived) != 1 || res.NewPages != 1 || len(res.Duplicate) != 0 {
+		t.Fatalf("revive: %+v", res)
+	}
+	if got := tree.Match([]uint32{1, 2, 3, 4, 5, 6}).AppendDevice(nil); !slices.Equal(got, pages(9, 10, 11)) {
+		t.Fatalf("device pages after revive %v", got)
+	}
+}
+
+func TestManyChildrenUseTheIndex(t *testing.T) {
+	tree := newTree(t, 2, LRU)
+	for i := 0; i < 100; i++ {
+		mustInsert(t, tree, []uint32{7, uint32(i), 1, 1}, pages(2*i, 2*i+1))
+	}
+	if tree.Root().index == nil {
+		t.Fatal("a node with 100 children has no index")
+	}
+	if tree.Root().children[0].Pages() != 2 {
+		t.Fatal("pages per node")
+	}
+	for i := 0; i < 100; i++ {
+		if got := tree.Peek([]uint32{7, uint32(i), 1, 1}); got != 2 {
+			t.Fatalf("child %d: %d pages", i, got)
+		}
+	}
+	// Remove most of them: the index goes away and lookups keep working.
+	tree.EvictDevice(194)
+	if err := tree.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if tree.Root().index != nil {
+		t.Fatal("index kept for 3 children")
+	}
+	if tree.Nodes() != 3 {
+		t.Fatalf("%d nodes left", tree.Nodes())
+	}
+	left := 0
+	for i := 0; i < 100; i++ {
+		left += tree.Peek([]uint32{7, uint32(i), 1, 1})
+	}
+	if left != 6 {
+		t.Fatalf("%d pages findable after eviction", left)
+	}
+}
+
+func TestBigramKeys(t *testing.T) {
+	tree, err := New[uint64](Config{PageSize: 2, MaxPages: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pack := func(tokens ...uint32) []uint64 {
+		var out []uint64
+		for i := 0; i+1 < len(tokens); i++ {
+			out = append(out, uint64(tokens[i])<<32|uint64(tokens[i+1]))
+		}
+		return out
+	}
+	if _, err := tree.Insert(pack(1, 2, 3, 4, 5), pages(1, 2)); err != nil {
+		t.Fatal(err)
+	}
+	// Same tokens up to 4, different 5th: the second bigram page differs.
+	if got := tree.Peek(pack(1, 2, 3, 4, 6)); got != 1 {
+		t.Fatalf("bigram match = %d pages, want 1", got)
+	}
+	if got := tree.Peek(pack(1, 2, 3, 4, 5, 6)); got != 2 {
+		t.Fatalf("bigram match = %d pages, want 2", got)
+	}
+}
+
+func TestConfigAndBadOperations(t *testing.T) {
+	if _, err := New[uint32](Config{PageSize: 1}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("max pages 0: %v", err)
+	}
+	if _, err := New[uint32](Config{PageSize: 0, MaxPages: 1}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("page size 0: %v", err)
+	}
+	if _, err := New[uint32](Config{PageSize: 1, Policy: 9, MaxPages: 1}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("policy 9: %v", err)
+	}
+	if _, err := ParsePolicy("fifo"); !errors.Is(err, ErrConfig) {
+		t.Fatalf("fifo: %v", err)
+	}
+	tree := newTree(t, 1, LRU)
+	if _, _, err := tree.Remove(tree.Root()); !errors.Is(err, ErrNode) {
+		t.Fatalf("remove root: %v", err)
+	}
+	mustInsert(t, tree, []uint32{1}, pages(1))
+	n := tree.Match([]uint32{1}).Last
+	if _, err := tree.DropDevice(n); !errors.Is(err, ErrNode) {
+		t.Fatalf("drop device without a host copy: %v", err)
+	}
+	if _, err := tree.DropHost(n); !errors.Is(err, ErrNode) {
+		t.Fatalf("drop host of a node not in L2: %v", err)
+	}
+	if err := tree.SetDevice(n, pages(2)); !errors.Is(err, ErrNode) {
+		t.Fatalf("SetDevice of an L1 node: %v", err)
+	}
+	tree.Lock(n)
+	if _, _, err := tree.Remove(n); !errors.Is(err, ErrNode) {
+		t.Fatalf("remove a locked node: %v", err)
+	}
+}
+
+func TestInsertBeyondCapacityChangesNothing(t *testing.T) {
+	tree, err := New[uint32](Config{PageSize: 1, MaxPages: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tree.Close()
+	mustInsert(t, tree, []uint32{1, 2, 3}, pages(1, 2, 3))
+	// Sharing [1 2], then 3 new pages: one more than fits.
+	if _, err := tree.Insert([]uint32{1, 2, 7, 8, 9}, pages(1, 2, 7, 8, 9)); !errors.Is(err, ErrFull) {
+		t.Fatalf("insert past capacity: %v", err)
+	}
+	if tree.Nodes() != 1 || tree.DevicePages() != 3 {
+		t.Fatalf("failed insert changed the tree: %d nodes, %d pages", tree.Nodes(), tree.DevicePages())
+	}
+	if err := tree.Check(); err != nil {
+		t.Fatal(err)
+	}
+	mustInsert(t, tree, []uint32{1, 2, 7}, pages(1, 2, 7))
+}

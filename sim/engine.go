@@ -1,0 +1,167 @@
+package sim
+
+import (
+	"container/heap"
+	"context"
+	"sort"
+	"time"
+
+	"github.com/stratakv/strata/workload"
+)
+
+// cacheRun is one cache configuration behind the simulated engine.
+type cacheRun interface {
+	// admit matches a request, loads and verifies its hit, and takes L1 pages for
+	// the rest. wait=true means L1 is full of running requests: try again after one
+	// finishes.
+	admit(a *active) (wait bool, err error)
+	// prefill computes the prompt's missing KV.
+	prefill(a *active)
+	// finish computes the decoded tokens' KV and caches the request.
+	finish(a *active) error
+	// report fills in what the run measured.
+	report(r *RunReport)
+	close() error
+}
+
+// active is a request inside the simulated engine.
+type active struct {
+	req      *workload.Request
+	tokens   []uint32 // prompt + output
+	hs       []uint64 // prefix digests of tokens
+	hitL1    int
+	hitL2    int
+	hitL3    int
+	loadWall time.Duration // measured wall time of loading the hit
+	doneAt   time.Duration // simulated completion time
+	state    any           // the cache run's per-request state
+	verified int64
+	corrupt  int64
+}
+
+func (a *active) hit() int { return a.hitL1 + a.hitL2 + a.hitL3 }
+
+// engineSim replays a trace through one cache run: requests arrive at their trace
+// time, at most maxRunning run at once, each holds its L1 pages from admission to
+// completion (prefill, then its output decoded step by step). Simulated time
+// follows the modelled compute only, so the schedule, and with it every hit, is
+// the same on every machine; measured load time is added to TTFT alone.
+type engineSim struct {
+	model      Model
+	maxRunning int
+	run        cacheRun
+	progress   *Progress
+}
+
+type finishQueue []*active
+
+func (q finishQueue) Len() int           { return len(q) }
+func (q finishQueue) Less(i, j int) bool { return q[i].doneAt < q[j].doneAt }
+func (q finishQueue) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
+func (q *finishQueue) Push(x any)        { *q = append(*q, x.(*active)) }
+func (q *finishQueue) Pop() any {
+	old := *q
+	a := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return a
+}
+
+func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunReport) error {
+	var (
+		running finishQueue
+		waiting []*active
+		ttfts   []float64
+		next    int
+		now     time.Duration
+		done    int
+	)
+	prefillPer, decodeStep := e.model.PrefillPerToken, e.model.DecodeStep
+	start := time.Now()
+	for next < len(trace.Requests) || len(waiting) > 0 || len(running) > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		// Take the earlier of the next arrival and the next completion.
+		arrival := time.Duration(1<<63 - 1)
+		if next < len(trace.Requests) {
+			arrival = trace.Requests[next].Arrival
+		}
+		if len(running) > 0 && running[0].doneAt <= arrival {
+			a := heap.Pop(&running).(*active)
+			now = a.doneAt
+			if err := e.run.finish(a); err != nil {
+				return err
+			}
+			out.VerifiedPages += a.verified
+			out.CorruptPages += a.corrupt
+			done++
+			e.progress.Step(done)
+		} else if next < len(trace.Requests) {
+			now = arrival
+			r := &trace.Requests[next]
+			next++
+			tokens := make([]uint32, 0, len(r.Prompt)+len(r.Output))
+			tokens = append(append(tokens, r.Prompt...), r.Output...)
+			waiting = append(waiting, &active{req: r, tokens: tokens, hs: prefixHashes(tokens)})
+		} else if len(waiting) > 0 {
+			// Nothing runs and nothing arrives, yet requests wait: the head is
+			// larger than L1 itself.
+			waiting = waiting[1:]
+			out.Failed++
+			done++
+			e.progress.Step(done)
+			continue
+		}
+		// Admit waiting requests in arrival order while there is room.
+		for len(waiting) > 0 && len(running) < e.maxRunning {
+			a := waiting[0]
+			wait, err := e.run.admit(a)
+			if err != nil {
+				return err
+			}
+			if wait {
+				if len(running) == 0 {
+					// Even an empty engine cannot hold it.
+					waiting = waiting[1:]
+					out.Failed++
+					done++
+					e.progress.Step(done)
+					continue
+				}
+				break
+			}
+			waiting = waiting[1:]
+			e.run.prefill(a)
+			miss := len(a.req.Prompt) - a.hit()
+			compute := time.Duration(miss) * prefillPer
+			ttft := now - a.req.Arrival + compute + a.loadWall
+			ttfts = append(ttfts, float64(ttft)/float64(time.Millisecond))
+			out.HitTokens.L1 += int64(a.hitL1)
+			out.HitTokens.L2 += int64(a.hitL2)
+			out.HitTokens.L3 += int64(a.hitL3)
+			out.PromptTokens += int64(len(a.req.Prompt))
+			a.doneAt = now + compute + time.Duration(len(a.req.Output))*decodeStep
+			heap.Push(&running, a)
+		}
+	}
+	if out.PromptTokens > 0 {
+		out.HitRatio = float64(out.HitTokens.Total()) / float64(out.PromptTokens)
+	}
+	out.TTFTms = quantiles(ttfts)
+	out.Elapsed = Duration(time.Since(start))
+	e.run.report(out)
+	return nil
+}
+
+func quantiles(ms []float64) Quantiles {
+	if len(ms) == 0 {
+		return Quantiles{}
+	}
+	sort.Float64s(ms)
+	at := func(q float64) float64 { return ms[min(len(ms)-1, int(q*float64(len(ms))))] }
+	sum := 0.0
+	for _, v := range ms {
+		sum += v
+	}
+	return Quantiles{P50: at(0.50), P90: at(0.90), P99: at(0.99), Mean: sum / float64(len(ms))}
+}

@@ -1,0 +1,144 @@
+package sim
+
+import "time"
+
+// Report is the result of one `strata bench` run: the same trace through every
+// cache configuration, side by side. Its JSON form is what --json writes.
+type Report struct {
+	// Workload is the workload's name (multiturn, shared-prefix, long-context).
+	Workload string `json:"workload"`
+	// Seed makes the trace reproducible.
+	Seed int64 `json:"seed"`
+	// Model and Draft name the target and draft model presets ("" for no draft).
+	Model string `json:"model"`
+	Draft string `json:"draft,omitempty"`
+	// PageSize is tokens per page.
+	PageSize int `json:"page_size"`
+	// L1Tokens and L2Tokens are the device and host pool capacities in tokens.
+	L1Tokens int64 `json:"l1_tokens"`
+	L2Tokens int64 `json:"l2_tokens"`
+	// L3 names the L3 backend of the strata run ("" for none).
+	L3 string `json:"l3,omitempty"`
+	// Requests is the number of requests in the trace.
+	Requests int `json:"requests"`
+	// PromptTokens is the sum of every request's prompt length.
+	PromptTokens int64 `json:"prompt_tokens"`
+	// DistinctPrefixTokens is the working set: tokens of distinct whole-page prefixes
+	// of every prompt and output in the trace.
+	DistinctPrefixTokens int64 `json:"distinct_prefix_tokens"`
+	// Runs has one entry per cache configuration, in the order they ran.
+	Runs []RunReport `json:"runs"`
+	// Elapsed is the wall time of the whole bench.
+	Elapsed Duration `json:"elapsed"`
+}
+
+// RunReport is one cache configuration's result over the trace.
+type RunReport struct {
+	// Name is "l1-only", "ceiling" or "strata".
+	Name string `json:"name"`
+	// Description says what the run models, in a few words.
+	Description string `json:"description"`
+	// HitTokens counts prompt tokens served from each tier.
+	HitTokens TierTokens `json:"hit_tokens"`
+	// PromptTokens is the number of prompt tokens the run served (hits + computed).
+	PromptTokens int64 `json:"prompt_tokens"`
+	// HitRatio is (l1+l2+l3 hit tokens) / prompt tokens.
+	HitRatio float64 `json:"hit_ratio"`
+	// VerifiedPages counts pages (of every pool) checked byte for byte after a hit.
+	VerifiedPages int64 `json:"verified_pages"`
+	// CorruptPages counts verified pages whose bytes were wrong. It must be zero.
+	CorruptPages int64 `json:"corrupt_pages"`
+	// DraftRecomputePages counts hit pages whose draft KV was missing and had to be
+	// recomputed (EAGLE draft pool without L3).
+	DraftRecomputePages int64 `json:"draft_recompute_pages,omitempty"`
+	// TTFTms is the modelled time to first token: queueing + prefill compute of the
+	// tokens that missed + the measured time to load the tokens that hit.
+	TTFTms Quantiles `json:"ttft_ms"`
+	// LoadBack is L2→L1 traffic; Backup is L1→L2 traffic.
+	LoadBack Traffic `json:"load_back"`
+	Backup   Traffic `json:"backup"`
+	// EvictedTokens counts tokens evicted from each tier.
+	EvictedTokens TierTokens `json:"evicted_tokens"`
+	// L3 is the L3 tier's activity; nil for runs without L3.
+	L3 *L3Report `json:"l3,omitempty"`
+	// Failed counts requests the run could not serve (larger than the device pool).
+	Failed int `json:"failed,omitempty"`
+	// Elapsed is the wall time of the run.
+	Elapsed Duration `json:"elapsed"`
+}
+
+// TierTokens is a token count per tier.
+type TierTokens struct {
+	L1 int64 `json:"l1"`
+	L2 int64 `json:"l2"`
+	L3 int64 `json:"l3"`
+}
+
+// Total is the sum over tiers.
+func (t TierTokens) Total() int64 { return t.L1 + t.L2 + t.L3 }
+
+// Quantiles summarises a latency distribution in milliseconds.
+type Quantiles struct {
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+	Mean float64 `json:"mean"`
+}
+
+// Traffic is bytes moved between two tiers and the wall time spent moving them.
+type Traffic struct {
+	Pages   int64    `json:"pages"`
+	Bytes   int64    `json:"bytes"`
+	Elapsed Duration `json:"elapsed"`
+}
+
+// GBps is the traffic's bandwidth in GB/s (0 when nothing moved).
+func (t Traffic) GBps() float64 {
+	if t.Elapsed <= 0 {
+		return 0
+	}
+	return float64(t.Bytes) / time.Duration(t.Elapsed).Seconds() / 1e9
+}
+
+// L3Report is the L3 tier's activity during a run.
+type L3Report struct {
+	// Backend names the backend ("file", "node", "redis").
+	Backend string `json:"backend"`
+	// BytesRead and BytesWritten count L3 object bytes moved.
+	BytesRead    int64 `json:"bytes_read"`
+	BytesWritten int64 `json:"bytes_written"`
+	// Prefetch counts prefetch outcomes.
+	Prefetch PrefetchOutcomes `json:"prefetch"`
+	// Faults counts L3 errors by kind (timeout, io, corrupt, ...).
+	Faults map[string]int64 `json:"faults,omitempty"`
+	// Pools is the L3 status of each pool of the group.
+	Pools []PoolL3Status `json:"pools"`
+}
+
+// PrefetchOutcomes counts how prefetches ended.
+type PrefetchOutcomes struct {
+	Completed      int64 `json:"completed"`
+	TimedOut       int64 `json:"timed_out"`
+	BelowThreshold int64 `json:"below_threshold"`
+	Canceled       int64 `json:"canceled"`
+}
+
+// PoolL3Status is one pool's L3 registration state.
+type PoolL3Status struct {
+	Pool    string `json:"pool"`
+	Enabled bool   `json:"enabled"`
+	// Reason says why L3 is disabled for the pool, and what to change.
+	Reason string `json:"reason,omitempty"`
+}
+
+// Duration is a time.Duration that reads as seconds in JSON.
+type Duration time.Duration
+
+// MarshalJSON writes the duration as fractional seconds.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return []byte(formatSeconds(time.Duration(d))), nil
+}
+
+func formatSeconds(d time.Duration) string {
+	return strconvFloat(d.Seconds())
+}

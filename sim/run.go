@@ -1,0 +1,203 @@
+// Package sim is `strata bench`: it generates a workload trace and replays it
+// through a simulated inference engine, once per cache configuration (an L1-only
+// prefix cache, an infinite-capacity ceiling, and strata's tiers), verifying
+// every page a hit serves byte for byte, and reports hits, traffic and modelled
+// time to first token side by side.
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"time"
+
+	"github.com/stratakv/strata/hicache"
+	"github.com/stratakv/strata/pagekey"
+	"github.com/stratakv/strata/pool"
+	"github.com/stratakv/strata/radix"
+	"github.com/stratakv/strata/workload"
+)
+
+// Run names.
+const (
+	RunL1Only  = "l1-only"
+	RunCeiling = "ceiling"
+	RunStrata  = "strata"
+)
+
+// Config describes one bench.
+type Config struct {
+	// Workload generates the trace; nil means the default multiturn workload.
+	Workload workload.Generator `json:"-"`
+	// Seed makes the trace reproducible.
+	Seed int64 `json:"seed"`
+	// Model is the target model preset (and its EAGLE draft's geometry).
+	Model Model `json:"model"`
+	// Draft adds the EAGLE draft model's pool to the group.
+	Draft bool `json:"draft"`
+	// Bigram keys the cache by EAGLE bigrams. Draft KV at position i depends on
+	// token i+1, so a cache with a draft pool needs bigram keys to serve it right;
+	// turning it off with Draft on makes the verification report corrupt pages.
+	Bigram bool `json:"bigram"`
+	// PageSize is tokens per page.
+	PageSize int `json:"pageSize"`
+	// L1Tokens is the device pool's capacity in tokens. Realistic settings hold well
+	// under a third of the workload's distinct prefix tokens.
+	L1Tokens int64 `json:"l1Tokens"`
+	// L2Ratio sizes the host pool as a multiple of L1 (SGLang's hicache ratio).
+	L2Ratio float64 `json:"l2Ratio"`
+	// WritePolicy and Eviction configure strata's cache.
+	WritePolicy hicache.WritePolicy `json:"writePolicy"`
+	Eviction    radix.Policy        `json:"eviction"`
+	// MaxRunning is the most requests the engine runs at once; each holds its pages
+	// in L1 from admission to completion.
+	MaxRunning int `json:"maxRunning"`
+	// Runs lists the configurations to replay, in order; nil means all three.
+	Runs []string `json:"runs"`
+	// Progress reports each run's progress; nil is silent.
+	Progress *Progress `json:"-"`
+	// Logger receives warnings; nil means slog.Default().
+	Logger *slog.Logger `json:"-"`
+}
+
+// DefaultConfig is the embedded default of `strata bench`: the multiturn workload
+// on the small model with its EAGLE draft, 64-token pages, L1 of 32768 tokens
+// (under a quarter of the default workload's 138240 distinct prefix tokens) and
+// L2 four times that.
+func DefaultConfig() Config {
+	m, _ := ModelByName(DefaultModel)
+	return Config{
+		Seed:        1,
+		Model:       m,
+		Draft:       true,
+		Bigram:      true,
+		PageSize:    64,
+		L1Tokens:    32768,
+		L2Ratio:     4,
+		WritePolicy: hicache.WriteThrough,
+		Eviction:    radix.LRU,
+		MaxRunning:  16,
+	}
+}
+
+// Validate reports whether c can run.
+func (c Config) Validate() error {
+	if c.PageSize < 1 || c.PageSize > 4096 {
+		return fmt.Errorf("page size %d: want 1 to 4096 tokens: %w", c.PageSize, ErrConfig)
+	}
+	if c.L1Tokens < int64(c.PageSize) {
+		return fmt.Errorf("L1 of %d tokens holds no %d-token page: %w", c.L1Tokens, c.PageSize, ErrConfig)
+	}
+	if c.L1Tokens/int64(c.PageSize) > math.MaxInt32 {
+		return fmt.Errorf("L1 of %d tokens is more pages than a pool can index: %w", c.L1Tokens, ErrConfig)
+	}
+	if math.IsNaN(c.L2Ratio) || c.L2Ratio < 1 || c.L2Ratio > 1024 {
+		return fmt.Errorf("L2 ratio %v: L2 must hold at least L1 (ratio >= 1; SGLang uses 2 to 4): %w", c.L2Ratio, ErrConfig)
+	}
+	if c.MaxRunning < 1 {
+		return fmt.Errorf("max running %d: want at least 1: %w", c.MaxRunning, ErrConfig)
+	}
+	if err := c.Model.Geometry.Validate(); err != nil {
+		return fmt.Errorf("model %q: %w", c.Model.Name, err)
+	}
+	for _, r := range c.Runs {
+		if r != RunL1Only && r != RunCeiling && r != RunStrata {
+			return fmt.Errorf("run %q: want %s, %s or %s: %w", r, RunL1Only, RunCeiling, RunStrata, ErrConfig)
+		}
+	}
+	return nil
+}
+
+func (c Config) l2Pages() int {
+	return int(math.Ceil(float64(c.L1Tokens/int64(c.PageSize)) * c.L2Ratio))
+}
+
+func (c Config) poolSpecs() []pool.PoolSpec {
+	specs := []pool.PoolSpec{{Name: pagekey.TargetPool, Geometry: c.Model.Geometry}}
+	if c.Draft {
+		specs = append(specs, pool.PoolSpec{Name: pagekey.DraftPool, Geometry: c.Model.DraftGeometry})
+	}
+	return specs
+}
+
+// Run generates the trace and replays it through every configured run.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	gen := cfg.Workload
+	if gen == nil {
+		m := workload.DefaultMultiturn()
+		gen = &m
+	}
+	start := time.Now()
+	trace, err := gen.Generate(cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{
+		Workload:             gen.Name(),
+		Seed:                 cfg.Seed,
+		Model:                cfg.Model.Name,
+		PageSize:             cfg.PageSize,
+		L1Tokens:             cfg.L1Tokens / int64(cfg.PageSize) * int64(cfg.PageSize),
+		L2Tokens:             int64(cfg.l2Pages()) * int64(cfg.PageSize),
+		Requests:             len(trace.Requests),
+		PromptTokens:         trace.PromptTokens(),
+		DistinctPrefixTokens: trace.DistinctPrefixTokens(cfg.PageSize),
+	}
+	if cfg.Draft {
+		rep.Draft = cfg.Model.Name + "-eagle"
+	}
+	runs := cfg.Runs
+	if len(runs) == 0 {
+		runs = []string{RunL1Only, RunCeiling, RunStrata}
+	}
+	maxPages := int((trace.PromptTokens()+trace.OutputTokens())/int64(cfg.PageSize)) + 1
+	for _, name := range runs {
+		rr, err := runOne(ctx, cfg, name, trace, maxPages)
+		if err != nil {
+			return nil, fmt.Errorf("run %s: %w", name, err)
+		}
+		rep.Runs = append(rep.Runs, rr)
+	}
+	rep.Elapsed = Duration(time.Since(start))
+	return rep, nil
+}
+
+func runOne(ctx context.Context, cfg Config, name string, trace workload.Trace, maxPages int) (RunReport, error) {
+	rr := RunReport{Name: name}
+	var (
+		run cacheRun
+		err error
+	)
+	switch name {
+	case RunL1Only:
+		rr.Description = "prefix cache in device memory only"
+		run, err = newHicacheRun(cfg, false)
+	case RunCeiling:
+		rr.Description = "infinite capacity: every page ever computed stays cached"
+		run, err = newCeilingRun(cfg, maxPages)
+	default:
+		rr.Description = fmt.Sprintf("L1 + L2 (%gx host), %s", cfg.L2Ratio, cfg.WritePolicy)
+		run, err = newHicacheRun(cfg, true)
+	}
+	if err != nil {
+		return rr, err
+	}
+	progress := cfg.Progress
+	if progress == nil {
+		progress = NewProgress(discard{}, false)
+	}
+	progress.Start(name, len(trace.Requests))
+	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: progress}
+	err = e.replay(ctx, trace, &rr)
+	progress.Finish()
+	return rr, errors.Join(err, run.close())
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }

@@ -1,0 +1,128 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stratakv/strata/workload"
+)
+
+// smallConfig is a bench that runs in well under a second: 8 conversations of 4
+// rounds on the small model, L1 too small for them, L2 big enough.
+func smallConfig() Config {
+	cfg := DefaultConfig()
+	m := workload.DefaultMultiturn()
+	m.Clients, m.Rounds, m.RequestTokens, m.OutputTokens = 8, 4, 256, 32
+	cfg.Workload = &m
+	cfg.L1Tokens = 2048
+	cfg.MaxRunning = 4
+	return cfg
+}
+
+func TestBenchRunsAllThreeAndVerifies(t *testing.T) {
+	rep, err := Run(context.Background(), smallConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Runs) != 3 {
+		t.Fatalf("%d runs", len(rep.Runs))
+	}
+	byName := map[string]RunReport{}
+	for _, r := range rep.Runs {
+		byName[r.Name] = r
+		if r.CorruptPages != 0 {
+			t.Fatalf("run %s served %d corrupt pages", r.Name, r.CorruptPages)
+		}
+		if r.PromptTokens != rep.PromptTokens || r.Failed != 0 {
+			t.Fatalf("run %s served %d of %d prompt tokens, %d failed", r.Name, r.PromptTokens, rep.PromptTokens, r.Failed)
+		}
+	}
+	l1, ceil, st := byName[RunL1Only], byName[RunCeiling], byName[RunStrata]
+	if !(st.HitRatio > l1.HitRatio) || st.HitRatio > ceil.HitRatio+1e-9 {
+		t.Fatalf("hit ratios l1-only %.3f strata %.3f ceiling %.3f", l1.HitRatio, st.HitRatio, ceil.HitRatio)
+	}
+	if st.HitTokens.L2 == 0 || st.LoadBack.Pages == 0 || st.VerifiedPages == 0 {
+		t.Fatalf("strata did not use L2: %+v", st)
+	}
+	if st.VerifiedPages != st.HitTokens.Total()/int64(rep.PageSize) {
+		t.Fatalf("verified %d pages, hits cover %d", st.VerifiedPages, st.HitTokens.Total()/int64(rep.PageSize))
+	}
+	if st.TTFTms.P50 <= 0 || st.TTFTms.P90 < st.TTFTms.P50 {
+		t.Fatalf("TTFT %+v", st.TTFTms)
+	}
+}
+
+func TestBenchIsDeterministicForASeed(t *testing.T) {
+	a, err := Run(context.Background(), smallConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Run(context.Background(), smallConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range a.Runs {
+		if a.Runs[i].HitTokens != b.Runs[i].HitTokens || a.Runs[i].VerifiedPages != b.Runs[i].VerifiedPages {
+			t.Fatalf("run %s differs between identical benches: %+v vs %+v", a.Runs[i].Name, a.Runs[i].HitTokens, b.Runs[i].HitTokens)
+		}
+	}
+}
+
+// Draft KV depends on the next token; keyed by tokens alone, a hit can serve draft
+// KV computed for another continuation. The verification must see it.
+func TestTokenKeysWithADraftPoolAreCaughtAsCorrupt(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Bigram = false
+	cfg.Runs = []string{RunStrata}
+	// Rounds whose new text starts right after a page boundary of the previous
+	// round's output: the last cached page's draft entry saw a different next token.
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Runs[0].CorruptPages == 0 {
+		t.Fatal("token-keyed cache with a draft pool reported no corrupt pages")
+	}
+	cfg.Draft = false
+	rep, err = Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Runs[0].CorruptPages != 0 {
+		t.Fatalf("token keys without a draft pool: %d corrupt pages", rep.Runs[0].CorruptPages)
+	}
+}
+
+func TestBenchConfigErrors(t *testing.T) {
+	bad := []func(*Config){
+		func(c *Config) { c.PageSize = 0 },
+		func(c *Config) { c.L1Tokens = 0 },
+		func(c *Config) { c.L2Ratio = 0.5 },
+		func(c *Config) { c.MaxRunning = 0 },
+		func(c *Config) { c.Runs = []string{"l9"} },
+	}
+	for i, f := range bad {
+		cfg := smallConfig()
+		f(&cfg)
+		if _, err := Run(context.Background(), cfg); !errors.Is(err, ErrConfig) {
+			t.Errorf("case %d: %v", i, err)
+		}
+	}
+	if _, err := ModelByName("gpt-5"); !errors.Is(err, ErrConfig) {
+		t.Error("unknown model accepted")
+	}
+}
+
+func TestRequestLargerThanL1Fails(t *testing.T) {
+	cfg := smallConfig()
+	cfg.L1Tokens = 256
+	cfg.Runs = []string{RunL1Only}
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Runs[0].Failed == 0 {
+		t.Fatal("requests larger than L1 were not reported as failed")
+	}
+}
