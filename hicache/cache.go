@@ -20,10 +20,15 @@ package hicache
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"time"
 
+	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
+	"github.com/stratakv/strata/storage"
 )
 
 // Cache is the hierarchical cache. See the package comment.
@@ -34,12 +39,36 @@ type Cache struct {
 	cfg    Config
 }
 
+// Options are the cache's collaborators.
+type Options struct {
+	// Storage is the L3 backend; nil for a cache without L3. Build the host group
+	// with the backend's allocator (storage.HostAllocator) so every pool can
+	// register; a pool that cannot runs without L3.
+	Storage storage.Backend
+	// Logger receives warnings (a pool without L3, a slow backend); nil means
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// MatchOptions qualify a Match.
+type MatchOptions struct {
+	// Namespace separates tenants, LoRA adapters and cache salts: a request never
+	// matches pages cached under another namespace, in any tier.
+	Namespace pagekey.Namespace
+	// Prefetch is the request's L3 prefetch (from Cache.Prefetch); Match waits for it
+	// as the prefetch policy says, then serves what it brought.
+	Prefetch *Prefetch
+}
+
 // engine is the cache's logic for one key type (tokens or bigrams); methods run
 // under Cache.mu.
 type engine interface {
-	match(tokens []uint32) (*Request, error)
+	match(tokens []uint32, opts MatchOptions) (*Request, error)
+	prefetch(tokens []uint32, ns pagekey.Namespace, cache *Cache) *Prefetch
 	insert(r *Request, tokens []uint32, pages []pool.PageID) ([]pool.PageID, error)
 	unlock(r *Request) error
+	releaseOwned(r *Request) error
+	l3Idle() bool
 	allocDevice(n int) ([]pool.PageID, error)
 	freeDevice(pages []pool.PageID) error
 	reap()
@@ -48,11 +77,22 @@ type engine interface {
 	close() error
 }
 
-// New builds a cache over device (L1) and host (L2). host may be nil for an
-// L1-only prefix cache. The cache does not own the pools: close them after Close.
-func New(cfg Config, device pool.DeviceGroup, host *pool.Group) (*Cache, error) {
+// New builds a cache over device (L1), host (L2) and opts.Storage (L3). host may be
+// nil for an L1-only prefix cache; L3 needs L2. Each host pool registers with the
+// backend on its own: a refusal disables L3 for that pool only, with a warning,
+// and shows in Stats. The cache does not own the pools or the backend: close them
+// after Close.
+func New(cfg Config, device pool.DeviceGroup, host *pool.Group, opts Options) (*Cache, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if opts.Storage != nil {
+		if host == nil {
+			return nil, fmt.Errorf("L3 without L2: prefetched pages land in the host pool, give the cache one: %w", ErrConfig)
+		}
+		if err := cfg.L3.Validate(); err != nil {
+			return nil, err
+		}
 	}
 	if len(device.Pools) == 0 || device.Pages == nil {
 		return nil, fmt.Errorf("device group with no pools: %w", ErrConfig)
@@ -75,19 +115,17 @@ func New(cfg Config, device pool.DeviceGroup, host *pool.Group) (*Cache, error) 
 	if host != nil {
 		maxPages += host.Pages()
 	}
-	var (
-		impl engine
-		err  error
-	)
+	c := &Cache{cfg: cfg}
+	var err error
 	if cfg.Bigram {
-		impl, err = newCore(cfg, device, host, maxPages, bigramKey)
+		c.impl, err = newCore(cfg, device, host, maxPages, bigramKey, opts, &c.mu)
 	} else {
-		impl, err = newCore(cfg, device, host, maxPages, tokenKey)
+		c.impl, err = newCore(cfg, device, host, maxPages, tokenKey, opts, &c.mu)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return &Cache{impl: impl, cfg: cfg}, nil
+	return c, nil
 }
 
 // Config returns the cache's configuration.
@@ -103,15 +141,42 @@ func (c *Cache) lock() error {
 	return nil
 }
 
+// Prefetch starts looking tokens up in L3 (for the pages L1 and L2 lack), to run
+// while the request waits to be scheduled; pass the result to Match. It never
+// blocks on storage. It returns nil when there is nothing to fetch: no L3, all
+// cached, fewer uncached tokens than the prefetch threshold, or L3 down. A
+// prefetch for the same pages as one in flight joins it.
+func (c *Cache) Prefetch(tokens []uint32, ns pagekey.Namespace) *Prefetch {
+	if err := c.lock(); err != nil {
+		return nil
+	}
+	defer c.mu.Unlock()
+	return c.impl.prefetch(tokens, ns, c)
+}
+
 // Match finds the longest cached prefix of tokens, locks it in L1 for the
 // request, and starts loading the part found only in L2 (when it is at least
-// LoadBackMinTokens long and L1 has room). Fewer tokens than a page match nothing.
-func (c *Cache) Match(tokens []uint32) (*Request, error) {
+// LoadBackMinTokens long and L1 has room). With opts.Prefetch, it first waits for
+// the prefetch as the policy allows (without holding the cache), so the pages it
+// brought are hits too. Fewer tokens than a page match nothing.
+func (c *Cache) Match(ctx context.Context, tokens []uint32, opts MatchOptions) (*Request, error) {
+	if p := opts.Prefetch; p != nil {
+		if p.cache != c {
+			return nil, fmt.Errorf("prefetch of another cache: %w", ErrRequest)
+		}
+		if p.settled {
+			return nil, fmt.Errorf("prefetch already used: %w", ErrRequest)
+		}
+		p.settle(ctx, c.cfg.L3.PrefetchPolicy)
+	}
 	if err := c.lock(); err != nil {
 		return nil, err
 	}
 	defer c.mu.Unlock()
-	r, err := c.impl.match(tokens)
+	if p := opts.Prefetch; p != nil && p.settled {
+		opts.Prefetch = nil // given up while waiting
+	}
+	r, err := c.impl.match(tokens, opts)
 	if r != nil {
 		r.cache = c
 	}
@@ -187,7 +252,7 @@ func (c *Cache) Release(r *Request) error {
 		return err
 	}
 	r.done = true
-	return c.impl.unlock(r)
+	return errors.Join(c.impl.releaseOwned(r), c.impl.unlock(r))
 }
 
 func (c *Cache) check(r *Request) error {
@@ -200,23 +265,41 @@ func (c *Cache) check(r *Request) error {
 	return nil
 }
 
-// Sync waits for every copy in flight (loads and backups) and accounts for them.
+// Sync waits for every copy in flight (loads, backups, L3 prefetches and backups,
+// including the backups to L3 that finished copies start) and accounts for them.
 func (c *Cache) Sync(ctx context.Context) error {
-	if err := c.lock(); err != nil {
-		return err
-	}
-	pending := c.impl.inflight()
-	c.mu.Unlock()
-	for _, t := range pending {
-		if err := t.Wait(ctx); err != nil && ctx.Err() != nil {
+	for {
+		if err := c.lock(); err != nil {
 			return err
 		}
+		pending := c.impl.inflight()
+		idle := c.impl.l3Idle()
+		c.mu.Unlock()
+		if len(pending) == 0 && idle {
+			// Account for what finished since the last look.
+			if err := c.lock(); err != nil {
+				return err
+			}
+			done := len(c.impl.inflight()) == 0 && c.impl.l3Idle()
+			c.mu.Unlock()
+			if done {
+				return nil
+			}
+			continue
+		}
+		for _, t := range pending {
+			if err := t.Wait(ctx); err != nil && ctx.Err() != nil {
+				return err
+			}
+		}
+		if !idle {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Millisecond):
+			}
+		}
 	}
-	if err := c.lock(); err != nil {
-		return err
-	}
-	c.mu.Unlock()
-	return nil
 }
 
 // Stats returns a snapshot of the cache's counters.
@@ -229,18 +312,22 @@ func (c *Cache) Stats() Stats {
 	return c.impl.stats()
 }
 
-// Close waits for copies in flight, stops the copy engine and releases the tree.
-// The pools stay open; requests still held are abandoned.
+// Close waits for copies in flight, stops the L3 workers and the copy engine and
+// releases the tree. The pools and the backend stay open; requests still held are
+// abandoned.
 func (c *Cache) Close() error {
-	if err := c.Sync(context.Background()); err != nil && err != ErrClosed {
+	if err := c.Sync(context.Background()); err != nil && !errors.Is(err, ErrClosed) {
 		return err
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return nil
 	}
 	c.closed = true
+	c.mu.Unlock()
+	// Without the lock: L3 workers take it to reserve host pages, and close waits
+	// for them.
 	return c.impl.close()
 }
 

@@ -34,6 +34,13 @@ type env struct {
 
 func newEnv(t testing.TB, cfg Config, devPages, hostPages int) *env {
 	t.Helper()
+	return newEnvWith(t, cfg, devPages, hostPages, Options{}, hostmem.Mmap)
+}
+
+// newEnvWith builds an env whose host pools come from an allocator of kind and whose
+// cache has opts (a storage backend).
+func newEnvWith(t testing.TB, cfg Config, devPages, hostPages int, opts Options, kind hostmem.Kind) *env {
+	t.Helper()
 	acfg := hostmem.DefaultConfig(hostmem.Mmap)
 	acfg.ReserveBytes = 0
 	acfg.Logger = slog.New(slog.DiscardHandler)
@@ -49,7 +56,13 @@ func newEnv(t testing.TB, cfg Config, devPages, hostPages int) *env {
 	t.Cleanup(func() { closeDev() })
 	e := &env{dev: dev}
 	if hostPages > 0 {
-		host, err := pool.BuildGroup(pool.GroupSpec{Pools: pools, Layout: kvlayout.PageFirst, PageSize: testPS, Pages: hostPages}, alloc)
+		hcfg := acfg
+		hcfg.Kind = kind
+		halloc, err := hostmem.New(hcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		host, err := pool.BuildGroup(pool.GroupSpec{Pools: pools, Layout: kvlayout.PageFirst, PageSize: testPS, Pages: hostPages}, halloc)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,7 +71,10 @@ func newEnv(t testing.TB, cfg Config, devPages, hostPages int) *env {
 	}
 	cfg.PageSize = testPS
 	cfg.Copy = pool.CopyConfig{Workers: 2, MinPagesPerJob: 1}
-	c, err := New(cfg, dev, e.host)
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	c, err := New(cfg, dev, e.host, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,6 +124,47 @@ func (e *env) fill(tokens []uint32, pages []pool.PageID, from, to int) {
 	}
 }
 
+// fillPool writes pool pi's KV of positions [from, to).
+func (e *env) fillPool(pi int, tokens []uint32, pages []pool.PageID, from, to int) {
+	hs := prefixHashes(tokens)
+	m := e.dev.Pools[pi].(*pool.MemDevicePool)
+	l := m.Layout()
+	tlb := l.Geometry.TokenLayerBytes()
+	for pos := from; pos < to; pos++ {
+		slot := int(pages[pos/testPS])*testPS + pos%testPS
+		for layer := 0; layer < l.Geometry.Layers; layer++ {
+			for buf := 0; buf < l.Geometry.Buffers(); buf++ {
+				off := l.Offset(buf, layer, slot)
+				for i := 0; i < tlb; i++ {
+					m.Bytes()[off+int64(i)] = kvByte(hs[pos], pi, layer, buf, pos, i)
+				}
+			}
+		}
+	}
+}
+
+// verifyPool checks pool pi's KV of positions [from, to).
+func (e *env) verifyPool(t testing.TB, pi int, tokens []uint32, pages []pool.PageID, from, to int) {
+	t.Helper()
+	hs := prefixHashes(tokens)
+	m := e.dev.Pools[pi].(*pool.MemDevicePool)
+	l := m.Layout()
+	tlb := l.Geometry.TokenLayerBytes()
+	for pos := from; pos < to; pos++ {
+		slot := int(pages[pos/testPS])*testPS + pos%testPS
+		for layer := 0; layer < l.Geometry.Layers; layer++ {
+			for buf := 0; buf < l.Geometry.Buffers(); buf++ {
+				off := l.Offset(buf, layer, slot)
+				for i := 0; i < tlb; i++ {
+					if got, want := m.Bytes()[off+int64(i)], kvByte(hs[pos], pi, layer, buf, pos, i); got != want {
+						t.Fatalf("pool %s position %d layer %d buf %d byte %d: %d, want %d", m.Name(), pos, layer, buf, i, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
 // verify checks the KV of the first n positions of tokens in their device pages.
 func (e *env) verify(t testing.TB, tokens []uint32, pages []pool.PageID, n int) {
 	t.Helper()
@@ -136,7 +193,7 @@ func (e *env) verify(t testing.TB, tokens []uint32, pages []pool.PageID, n int) 
 // loads and verify the prefix, allocate and compute the rest, finish.
 func (e *env) serve(t testing.TB, tokens []uint32) *Request {
 	t.Helper()
-	r, err := e.cache.Match(tokens)
+	r, err := e.cache.Match(context.Background(), tokens, MatchOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +352,7 @@ func TestLockedPrefixIsNeverEvicted(t *testing.T) {
 	e := newEnv(t, DefaultConfig(), 8, 16)
 	tokens := seq(1, 4*testPS)
 	e.serve(t, tokens)
-	r, err := e.cache.Match(tokens)
+	r, err := e.cache.Match(context.Background(), tokens, MatchOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +400,7 @@ func TestBigramKeys(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	e := newEnv(t, DefaultConfig(), 8, 16)
-	r, err := e.cache.Match([]uint32{1, 2})
+	r, err := e.cache.Match(context.Background(), []uint32{1, 2}, MatchOptions{})
 	if err != nil || r.HitTokens != 0 {
 		t.Fatalf("shorter than a page: %v %+v", err, r)
 	}
@@ -355,7 +412,7 @@ func TestBadInput(t *testing.T) {
 	}
 	tokens := seq(1, 2*testPS)
 	e.serve(t, tokens)
-	r, _ = e.cache.Match(tokens)
+	r, _ = e.cache.Match(context.Background(), tokens, MatchOptions{})
 	if _, err := e.cache.Insert(r, tokens, []pool.PageID{7, 7}); !errors.Is(err, ErrRequest) {
 		t.Fatalf("page table that disagrees with the prefix: %v", err)
 	}
@@ -389,12 +446,12 @@ func TestConstructionErrors(t *testing.T) {
 	defer small.Close()
 	cfg := DefaultConfig()
 	cfg.PageSize = testPS
-	if _, err := New(cfg, e.dev, small); !errors.Is(err, ErrConfig) {
+	if _, err := New(cfg, e.dev, small, Options{}); !errors.Is(err, ErrConfig) {
 		t.Fatalf("L2 smaller than L1: %v", err)
 	}
 	bad := cfg
 	bad.PageSize = 8
-	if _, err := New(bad, e.dev, e.host); !errors.Is(err, ErrConfig) {
+	if _, err := New(bad, e.dev, e.host, Options{}); !errors.Is(err, ErrConfig) {
 		t.Fatalf("page size mismatch: %v", err)
 	}
 	for _, c := range []Config{{PageSize: 0}, {PageSize: 4, WritePolicy: 7}, {PageSize: 4, WritePolicy: WriteThroughSelective}, {PageSize: 4, LoadBackMinTokens: -1}} {
@@ -405,7 +462,7 @@ func TestConstructionErrors(t *testing.T) {
 	if _, err := ParseWritePolicy("write_around"); !errors.Is(err, ErrConfig) {
 		t.Fatal("unknown write policy accepted")
 	}
-	if _, err := New(cfg, pool.DeviceGroup{}, nil); !errors.Is(err, ErrConfig) {
+	if _, err := New(cfg, pool.DeviceGroup{}, nil, Options{}); !errors.Is(err, ErrConfig) {
 		t.Fatalf("empty device group: %v", err)
 	}
 }
@@ -462,7 +519,7 @@ func TestConcurrentRequests(t *testing.T) {
 // locked pages it releases its own and starts over, as an engine preempts.
 func (e *env) serveConcurrent(t *testing.T, tokens []uint32) {
 	for {
-		r, err := e.cache.Match(tokens)
+		r, err := e.cache.Match(context.Background(), tokens, MatchOptions{})
 		if err != nil {
 			t.Error(err)
 			return

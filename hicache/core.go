@@ -3,8 +3,11 @@ package hicache
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 
+	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 	"github.com/stratakv/strata/radix"
 )
@@ -24,6 +27,10 @@ type core[E radix.Elem] struct {
 	unbacked  []*radix.Node[E]                  // backups that failed: drop their L2 pages once unreferenced
 	pageBytes int64                             // bytes of one page across every pool
 	st        Stats
+
+	hasher *pagekey.Hasher
+	l3     *l3Tier     // nil without storage
+	mu     *sync.Mutex // the Cache's, for L3 workers reserving host pages
 }
 
 type opKind uint8
@@ -31,22 +38,29 @@ type opKind uint8
 const (
 	opLoad opKind = iota
 	opBackup
+	opLoadStaged // L3 pages loaded from reserved host pages for one request
 )
 
 // copyOp is a copy in flight and the nodes whose references it holds.
 type copyOp[E radix.Elem] struct {
-	kind  opKind
-	t     *pool.Transfer
-	nodes []*radix.Node[E]
-	pages int
+	kind   opKind
+	t      *pool.Transfer
+	nodes  []*radix.Node[E]
+	pages  int
+	staged []pool.PageID // opLoadStaged: host pages to free when the load is done
 }
 
-func newCore[E radix.Elem](cfg Config, dev pool.DeviceGroup, host *pool.Group, maxPages int, toKey func([]uint32) []E) (*core[E], error) {
-	tree, err := radix.New[E](radix.Config{PageSize: cfg.PageSize, Policy: cfg.Eviction, MaxPages: maxPages})
+func newCore[E radix.Elem](cfg Config, dev pool.DeviceGroup, host *pool.Group, maxPages int, toKey func([]uint32) []E, opts Options, mu *sync.Mutex) (*core[E], error) {
+	withL3 := opts.Storage != nil && host != nil
+	tree, err := radix.New[E](radix.Config{PageSize: cfg.PageSize, Policy: cfg.Eviction, MaxPages: maxPages, PageKeys: withL3})
 	if err != nil {
 		return nil, err
 	}
-	c := &core[E]{cfg: cfg, tree: tree, dev: dev, host: host, toKey: toKey, loading: map[*radix.Node[E]]*pool.Transfer{}}
+	hasher, err := pagekey.New(pagekey.Config{PageSize: cfg.PageSize, Bigram: cfg.Bigram, Algorithm: cfg.KeyAlgorithm})
+	if err != nil {
+		return nil, errors.Join(err, tree.Close())
+	}
+	c := &core[E]{cfg: cfg, tree: tree, dev: dev, host: host, toKey: toKey, loading: map[*radix.Node[E]]*pool.Transfer{}, hasher: hasher, mu: mu}
 	for _, p := range dev.Pools {
 		c.pageBytes += p.Layout().PageBytes()
 	}
@@ -55,22 +69,33 @@ func newCore[E radix.Elem](cfg Config, dev pool.DeviceGroup, host *pool.Group, m
 			return nil, errors.Join(err, tree.Close())
 		}
 	}
+	if withL3 {
+		log := opts.Logger
+		if log == nil {
+			log = slog.Default()
+		}
+		c.l3 = newL3Tier(cfg.L3, opts.Storage, host, log)
+	}
 	return c, nil
 }
 
 func (c *core[E]) close() error {
+	if c.l3 != nil {
+		c.l3.close()
+	}
 	if c.copier != nil {
 		c.copier.Close()
 	}
 	return c.tree.Close()
 }
 
-func (c *core[E]) match(tokens []uint32) (*Request, error) {
+func (c *core[E]) match(tokens []uint32, opts MatchOptions) (*Request, error) {
 	ps := c.cfg.PageSize
 	c.st.Requests++
 	c.st.PromptTokens += int64(len(tokens))
-	m := c.tree.Match(c.toKey(tokens))
-	r := &Request{Tokens: len(tokens), node: m.Last}
+	seed := c.hasher.Seed(opts.Namespace)
+	m := c.tree.Match(seed, c.toKey(tokens))
+	r := &Request{Tokens: len(tokens), node: m.Last, ns: seed}
 	if err := c.tree.Lock(m.Last); err != nil {
 		return nil, err
 	}
@@ -95,9 +120,31 @@ func (c *core[E]) match(tokens []uint32) (*Request, error) {
 			c.st.SkippedL2Tokens += int64(l2 * ps)
 		}
 	}
-	r.HitTokens = r.L1Tokens + r.L2Tokens
+	r.owned = len(r.DevicePages)
+	if p := opts.Prefetch; p != nil {
+		// Pages the prefetch put in the tree that this request now loads count as
+		// its L3 hits.
+		if op := p.op; op.inserted > 0 && op.ns == seed && l1 <= op.from && len(r.DevicePages) >= op.from+op.inserted {
+			r.L2Tokens -= op.inserted * ps
+			r.L3Tokens += op.inserted * ps
+		}
+		if len(r.DevicePages) == m.Pages {
+			if err := c.takeStaged(r, p.op, m.Pages); err != nil {
+				return nil, err
+			}
+		}
+		p.settled = true
+		p.op.waiters--
+		if p.op.waiters == 0 && p.op.staged && !p.op.taken && !p.op.abandoned {
+			p.op.abandoned = true
+			p.op.release()
+		}
+	}
+	r.HitTokens = r.L1Tokens + r.L2Tokens + r.L3Tokens
 	c.st.HitTokensL1 += int64(r.L1Tokens)
 	c.st.HitTokensL2 += int64(r.L2Tokens)
+	c.st.HitTokensL3 += int64(r.L3Tokens)
+	c.st.DraftRecomputeTokens += int64(r.DraftRecomputeTokens)
 	if c.cfg.WritePolicy == WriteThroughSelective && c.host != nil {
 		var hot []*radix.Node[E]
 		for _, s := range m.Spans {
@@ -111,6 +158,44 @@ func (c *core[E]) match(tokens []uint32) (*Request, error) {
 		}
 	}
 	return r, nil
+}
+
+// takeStaged loads the pages a prefetch kept for its first request (L3 pages
+// whose draft KV is missing) into fresh L1 pages after the request's prefix, when
+// the prefetch started from exactly that prefix.
+func (c *core[E]) takeStaged(r *Request, op *prefetchOp, prefix int) error {
+	if !op.staged || op.taken || op.abandoned || op.from != prefix || op.ns != r.ns || op.usable == 0 {
+		return nil
+	}
+	n := op.usable
+	dev, err := c.allocDevice(n)
+	if errors.Is(err, ErrDeviceFull) {
+		return nil // no room: the request recomputes, the pages are released below
+	}
+	if err != nil {
+		return err
+	}
+	moves := make([]pool.PageMove, n)
+	for i := range moves {
+		moves[i] = pool.PageMove{Device: dev[i], Host: op.host[i]}
+	}
+	t, err := c.copier.Load(c.dev, c.host, moves)
+	if err != nil {
+		return errors.Join(fmt.Errorf("load %d prefetched pages: %w", n, err), c.dev.Pages.Free(dev))
+	}
+	op.taken = true
+	c.ops = append(c.ops, copyOp[E]{kind: opLoadStaged, t: t, pages: n, staged: op.host[:n]})
+	r.loads = append(r.loads, t)
+	r.DevicePages = append(r.DevicePages, dev...)
+	ps := c.cfg.PageSize
+	r.L3Tokens += n * ps
+	valid := 0 // leading staged pages whose draft KV arrived too
+	if !c.l3.partial {
+		valid = min(op.draftUsable, n)
+	}
+	r.DraftRecomputeFrom = (prefix + valid) * ps
+	r.DraftRecomputeTokens = (n - valid) * ps
+	return nil
 }
 
 // loadBack gives the L2-only spans of a match L1 pages and starts copying them in.
@@ -167,8 +252,14 @@ func (c *core[E]) insert(r *Request, tokens []uint32, pages []pool.PageID) ([]po
 			return nil, fmt.Errorf("page table entry %d is page %d, the cached prefix has %d there: %w", i, pages[i], p, ErrRequest)
 		}
 	}
-	key := c.toKey(tokens)
-	res, err := c.tree.Insert(key[:whole*ps], pages[:whole])
+	key := c.toKey(tokens)[:whole*ps]
+	var keys []pagekey.Key
+	if c.l3 != nil {
+		cached, last := c.tree.PeekKey(r.ns, key)
+		keys = make([]pagekey.Key, whole)
+		copy(keys[cached:], c.pageKeys(r.ns, tokens, cached, last, whole))
+	}
+	res, err := c.tree.Insert(r.ns, key, pages[:whole], keys)
 	if err != nil {
 		return nil, err
 	}
@@ -195,6 +286,7 @@ func (c *core[E]) insert(r *Request, tokens []uint32, pages []pool.PageID) ([]po
 	}
 	r.node = res.Last
 	r.DevicePages = prefix
+	r.owned = len(prefix)
 	if c.cfg.WritePolicy == WriteThrough && c.host != nil {
 		if err := c.backup(res.New); err != nil {
 			return nil, err
@@ -313,7 +405,11 @@ func (c *core[E]) freeDevice(pages []pool.PageID) error {
 // eviction waits for that copy); others are dropped with their subtree.
 func (c *core[E]) evictDevice(need int) error {
 	start := time.Now()
-	defer func() { c.st.EvictionTime += time.Since(start) }()
+	defer func() {
+		d := time.Since(start)
+		c.st.EvictionTime += d
+		c.st.EvictionSeconds.observe(d.Seconds())
+	}()
 	freed := 0
 	for freed < need {
 		var batch []*radix.Node[E]
@@ -418,6 +514,7 @@ func (c *core[E]) writeBack(batch []*radix.Node[E]) (int, error) {
 	if copyErr != nil {
 		return freed, fmt.Errorf("write back %d pages: %w", len(moves), copyErr)
 	}
+	c.backupToL3(batch)
 	return freed, nil
 }
 
@@ -430,6 +527,9 @@ func (c *core[E]) account(kind opKind, t *pool.Transfer, pages int) {
 	tr.Pages += int64(pages)
 	tr.Bytes += int64(pages) * c.pageBytes
 	tr.Elapsed += t.Elapsed()
+	if kind != opBackup {
+		c.st.LoadBackSeconds.observe(t.Elapsed().Seconds())
+	}
 }
 
 // reap accounts for finished copies: loads release their host references, backups
@@ -445,6 +545,13 @@ func (c *core[E]) reap() {
 		}
 		c.account(op.kind, op.t, op.pages)
 		failed := op.t.Err() != nil
+		if op.kind == opLoadStaged {
+			c.freeHost(op.staged)
+			c.l3.reserved -= len(op.staged)
+		}
+		if op.kind == opBackup && !failed {
+			c.backupToL3(op.nodes)
+		}
 		for _, n := range op.nodes {
 			_ = c.tree.HostUnref(n)
 			switch op.kind {
@@ -467,6 +574,18 @@ func (c *core[E]) reap() {
 		c.ops[i] = copyOp[E]{}
 	}
 	c.ops = kept
+	if c.l3 != nil {
+		for _, job := range c.l3.finished() {
+			switch j := job.(type) {
+			case *prefetchOp:
+				c.settlePrefetch(j)
+			case *backupJob:
+				_ = c.tree.HostUnref(j.node.(*radix.Node[E]))
+				c.l3.backupPending -= len(j.host)
+				c.l3.st.BackedUpTokens += int64(j.written * c.cfg.PageSize)
+			}
+		}
+	}
 	c.poisoned = c.retry(c.poisoned, func(n *radix.Node[E]) bool {
 		if n.Locked() {
 			return false
@@ -508,6 +627,11 @@ func (c *core[E]) inflight() []*pool.Transfer {
 
 func (c *core[E]) stats() Stats {
 	s := c.st
+	s.LoadBackSeconds = s.LoadBackSeconds.clone()
+	s.EvictionSeconds = s.EvictionSeconds.clone()
+	if c.l3 != nil {
+		s.L3 = c.l3.stats()
+	}
 	s.DevicePages = c.dev.Pages.Pages()
 	s.DevicePagesUsed = s.DevicePages - c.dev.Pages.FreePages()
 	if c.host != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 )
 
@@ -14,16 +15,29 @@ type Request struct {
 	// Tokens is the number of tokens the request was matched with.
 	Tokens int
 	// HitTokens is the length of the cached prefix the engine can use instead of
-	// computing it: L1Tokens already on the device plus L2Tokens loaded back.
+	// computing it: L1Tokens + L2Tokens + L3Tokens.
 	HitTokens int
 	// L1Tokens were in L1 when the request was matched.
 	L1Tokens int
 	// L2Tokens are being loaded from L2 into L1; Wait or WaitLayer before use.
 	L2Tokens int
+	// L3Tokens were fetched from L3 by the request's prefetch and are being loaded
+	// into L1 after the L2 part. When their draft KV is missing (a draft pool runs
+	// without L3) they are the request's alone until Finish caches them, and
+	// DraftRecompute* names them.
+	L3Tokens int
+	// DraftRecomputeFrom and DraftRecomputeTokens name the hit tokens whose draft
+	// KV the engine must recompute before using the prefix: [From, From+Tokens).
+	// The target KV of those tokens is valid.
+	DraftRecomputeFrom   int
+	DraftRecomputeTokens int
 	// DevicePages holds the prefix: page i holds tokens [i*PageSize, (i+1)*PageSize).
-	// The pages belong to the cache; the engine reads them.
+	// The engine reads them; pass them at the head of the page table to Insert and
+	// Finish.
 	DevicePages []pool.PageID
 
+	ns    pagekey.Key
+	owned int // leading DevicePages the tree owns; the rest the cache loaded for this request
 	loads []*pool.Transfer
 	node  any // the locked radix node
 	done  bool

@@ -5,31 +5,38 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 )
 
-// Walk calls fn for every node below the root, parents before children, with the
-// node's full key from the root (valid only during the call). It stops when fn
-// returns false.
-func (t *Tree[E]) Walk(fn func(prefix []E, n *Node[E]) bool) {
+// Walk calls fn for every node holding pages, parents before children, with its
+// namespace and its full key from the namespace's root (valid only during the
+// call). It stops when fn returns false.
+func (t *Tree[E]) Walk(fn func(ns pagekey.Key, prefix []E, n *Node[E]) bool) {
 	type frame struct {
 		n     *Node[E]
+		ns    pagekey.Key
 		depth int
 	}
 	var prefix []E
 	stack := make([]frame, 0, len(t.root.children))
 	for _, c := range t.root.children {
-		stack = append(stack, frame{c, 0})
+		stack = append(stack, frame{c, pagekey.Key{}, 0})
+	}
+	for key, ns := range t.namespaces {
+		for _, c := range ns.children {
+			stack = append(stack, frame{c, key, 0})
+		}
 	}
 	for len(stack) > 0 {
 		f := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
 		prefix = t.AppendKey(prefix[:f.depth], f.n)
-		if !fn(prefix, f.n) {
+		if !fn(f.ns, prefix, f.n) {
 			return
 		}
 		for _, c := range f.n.children {
-			stack = append(stack, frame{c, len(prefix)})
+			stack = append(stack, frame{c, f.ns, len(prefix)})
 		}
 	}
 }
@@ -87,7 +94,7 @@ func (t *Tree[E]) Check() error {
 			if c.device == nil && c.host == nil {
 				bad("node of %d pages is cached in no tier", pages)
 			}
-			if c.device != nil && n.parent != nil && n.device == nil {
+			if c.device != nil && !n.IsRoot() && n.device == nil {
 				bad("node in L1 below a node that is not")
 			}
 			for _, p := range c.device {
@@ -123,6 +130,15 @@ func (t *Tree[E]) Check() error {
 		}
 	}
 	visit(t.root)
+	for key, ns := range t.namespaces {
+		if ns.ns == nil || *ns.ns != key || ns.parent != t.root || ns.removed {
+			bad("namespace root is malformed")
+		}
+		if len(ns.children) == 0 && ns.lockRef == 0 && ns.hostRef == 0 {
+			bad("empty, unheld namespace root kept")
+		}
+		visit(ns)
+	}
 	if len(tokSeen) != t.tokens.used() {
 		bad("token arena has %d pages in use, nodes hold %d", t.tokens.used(), len(tokSeen))
 	}

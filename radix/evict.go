@@ -9,20 +9,24 @@ import (
 // deviceCandidate: in L1, no child in L1, not locked, and either backed up in L2 or
 // free of host references (removing it would free host pages of its subtree).
 func (t *Tree[E]) deviceCandidate(n *Node[E]) bool {
-	return n.parent != nil && n.device != nil && n.deviceChildren == 0 && n.lockRef == 0 &&
+	return !n.IsRoot() && n.device != nil && n.deviceChildren == 0 && n.lockRef == 0 &&
 		(n.host != nil || n.hostRef == 0)
 }
 
 // hostCandidate: in L2 only, a leaf, with no lock or host reference.
 func (t *Tree[E]) hostCandidate(n *Node[E]) bool {
-	return n.parent != nil && n.device == nil && n.host != nil && len(n.children) == 0 &&
+	return !n.IsRoot() && n.device == nil && n.host != nil && len(n.children) == 0 &&
 		n.hostRef == 0 && n.lockRef == 0
 }
 
 // refresh re-files n in both victim heaps after anything that decides its candidacy
 // or priority changed.
 func (t *Tree[E]) refresh(n *Node[E]) {
-	if n.parent == nil || n.removed {
+	if n.removed {
+		return
+	}
+	if n.IsRoot() {
+		t.dropNamespace(n)
 		return
 	}
 	t.deviceHeap.sync(n, t.deviceCandidate(n))
@@ -45,7 +49,7 @@ func (t *Tree[E]) HostVictims() int { return t.hostHeap.len() }
 // DropDevice takes n out of L1, keeping it cached in L2, and returns its device
 // pages for the caller to free. n must be a device victim with host pages.
 func (t *Tree[E]) DropDevice(n *Node[E]) ([]pool.PageID, error) {
-	if n.removed || n.parent == nil || n.device == nil || n.host == nil || n.lockRef > 0 || n.deviceChildren > 0 {
+	if n.removed || n.IsRoot() || n.device == nil || n.host == nil || n.lockRef > 0 || n.deviceChildren > 0 {
 		return nil, fmt.Errorf("drop device pages of a node that is not an L1 victim backed up in L2: %w", ErrNode)
 	}
 	pages := n.device
@@ -60,7 +64,7 @@ func (t *Tree[E]) DropDevice(n *Node[E]) ([]pool.PageID, error) {
 // DropHost takes n out of L2, keeping it in L1, and returns its host pages for the
 // caller to free: the undo of a backup that failed, or room made for another node.
 func (t *Tree[E]) DropHost(n *Node[E]) ([]pool.PageID, error) {
-	if n.removed || n.parent == nil || n.host == nil || n.device == nil || n.hostRef > 0 {
+	if n.removed || n.IsRoot() || n.host == nil || n.device == nil || n.hostRef > 0 {
 		return nil, fmt.Errorf("drop host pages of a node that is not in both tiers and unreferenced: %w", ErrNode)
 	}
 	pages := n.host
@@ -72,7 +76,7 @@ func (t *Tree[E]) DropHost(n *Node[E]) ([]pool.PageID, error) {
 
 // SetHost records that n's pages are (being) backed up in the given host pages.
 func (t *Tree[E]) SetHost(n *Node[E], host []pool.PageID) error {
-	if n.removed || n.parent == nil || n.host != nil {
+	if n.removed || n.IsRoot() || n.host != nil {
 		return fmt.Errorf("set host pages of a node that left the tree, the root, or one already in L2: %w", ErrNode)
 	}
 	if len(host) != len(n.keys) {
@@ -87,10 +91,10 @@ func (t *Tree[E]) SetHost(n *Node[E], host []pool.PageID) error {
 // SetDevice records that n's pages are (being) loaded into the given device pages.
 // n must be in L2 only and its parent in L1 (load a matched path from the top).
 func (t *Tree[E]) SetDevice(n *Node[E], device []pool.PageID) error {
-	if n.removed || n.parent == nil || n.device != nil {
+	if n.removed || n.IsRoot() || n.device != nil {
 		return fmt.Errorf("set device pages of a node that left the tree, the root, or one already in L1: %w", ErrNode)
 	}
-	if n.parent.parent != nil && n.parent.device == nil {
+	if !n.parent.IsRoot() && n.parent.device == nil {
 		return fmt.Errorf("set device pages below a node that is not in L1 (load from the top of the path): %w", ErrNode)
 	}
 	if len(device) != len(n.keys) {
@@ -108,7 +112,7 @@ func (t *Tree[E]) SetDevice(n *Node[E], device []pool.PageID) error {
 // host pages for the caller to free. Nothing in the subtree may be locked or have a
 // host reference.
 func (t *Tree[E]) Remove(n *Node[E]) (device, host []pool.PageID, err error) {
-	if n.removed || n.parent == nil {
+	if n.removed || n.IsRoot() {
 		return nil, nil, fmt.Errorf("remove the root or a node that left the tree: %w", ErrNode)
 	}
 	if n.lockRef > 0 || n.hostRef > 0 {

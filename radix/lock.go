@@ -24,11 +24,13 @@ func (t *Tree[E]) Unlock(n *Node[E]) error {
 			return fmt.Errorf("unlock a node that is not locked: %w", ErrLocked)
 		}
 	}
-	for x := n; x.parent != nil; x = x.parent {
+	for x := n; x.parent != nil; {
+		p := x.parent // refresh may forget an emptied namespace root
 		x.lockRef--
 		if x.lockRef == 0 {
 			t.refresh(x)
 		}
+		x = p
 	}
 	return nil
 }
@@ -56,11 +58,13 @@ func (t *Tree[E]) HostUnref(n *Node[E]) error {
 			return fmt.Errorf("release a host reference that is not held: %w", ErrLocked)
 		}
 	}
-	for x := n; x.parent != nil; x = x.parent {
+	for x := n; x.parent != nil; {
+		p := x.parent
 		x.hostRef--
 		if x.hostRef == 0 {
 			t.refresh(x)
 		}
+		x = p
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"unsafe"
 
+	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 )
 
@@ -26,8 +27,8 @@ type Match[E Elem] struct {
 	// Spans lists the matched nodes from the root down. Device-resident spans come
 	// first: a node is in L1 only if its parent is.
 	Spans []Span[E]
-	// Last is the deepest matched node, the root when nothing matched. Lock it to
-	// keep the whole prefix from eviction.
+	// Last is the deepest matched node, the root (of the namespace, when it exists)
+	// when nothing matched. Lock it to keep the whole prefix from eviction.
 	Last *Node[E]
 }
 
@@ -54,15 +55,20 @@ func (m Match[E]) AppendDevice(dst []pool.PageID) []pool.PageID {
 	return dst
 }
 
-// Match finds the longest cached prefix of key in whole pages (a partial last page
-// is ignored). It splits the node where the match ends, so the match covers whole
-// nodes, and it counts a hit and an access on every matched node.
-func (t *Tree[E]) Match(key []E) Match[E] {
+// Match finds the longest cached prefix of key in namespace ns (the zero Key for
+// none), in whole pages (a partial last page is ignored). It splits the node where
+// the match ends, so the match covers whole nodes, and it counts a hit and an
+// access on every matched node.
+func (t *Tree[E]) Match(ns pagekey.Key, key []E) Match[E] {
 	ps := t.cfg.PageSize
 	key = key[:len(key)/ps*ps]
 	now := t.tick()
 	var m Match[E]
-	n := t.root
+	n := t.nsRoot(ns, false)
+	if n == nil {
+		m.Last = t.root
+		return m
+	}
 	for pos := 0; pos < len(key); {
 		c := t.child(n, key[pos:pos+ps])
 		if c == nil {
@@ -88,12 +94,16 @@ func (t *Tree[E]) Match(key []E) Match[E] {
 	return m
 }
 
-// Peek returns how many whole pages of key are cached, changing nothing.
-func (t *Tree[E]) Peek(key []E) int {
+// Peek returns how many whole pages of key are cached in namespace ns, changing
+// nothing.
+func (t *Tree[E]) Peek(ns pagekey.Key, key []E) int {
 	ps := t.cfg.PageSize
 	key = key[:len(key)/ps*ps]
 	pages := 0
-	n := t.root
+	n := t.nsRoot(ns, false)
+	if n == nil {
+		return 0
+	}
 	for pos := 0; pos < len(key); {
 		c := t.child(n, key[pos:pos+ps])
 		if c == nil {
@@ -108,6 +118,35 @@ func (t *Tree[E]) Peek(key []E) int {
 		n = c
 	}
 	return pages
+}
+
+// PeekKey is Peek that also returns the page key of the last cached page of key
+// (the zero Key when nothing is cached or the tree keeps no page keys): the prior
+// a caller chains the keys of the uncached rest from.
+func (t *Tree[E]) PeekKey(ns pagekey.Key, key []E) (int, pagekey.Key) {
+	ps := t.cfg.PageSize
+	key = key[:len(key)/ps*ps]
+	pages := 0
+	var last pagekey.Key
+	n := t.nsRoot(ns, false)
+	if n == nil {
+		return 0, last
+	}
+	for pos := 0; pos < len(key); {
+		c := t.child(n, key[pos:pos+ps])
+		if c == nil {
+			break
+		}
+		k := t.matchPages(c, key[pos:])
+		pages += k
+		last = t.tokens.key(c.keys[k-1])
+		if k < len(c.keys) {
+			break
+		}
+		pos += k * ps
+		n = c
+	}
+	return pages, last
 }
 
 // matchPages counts the whole pages at the start of key that equal n's pages. The

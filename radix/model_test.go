@@ -7,6 +7,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 )
 
@@ -39,19 +40,21 @@ func (a *allocator) free(t *rapid.T, what string, pages []pool.PageID) {
 }
 
 type machine struct {
-	tree  *Tree[uint32]
-	ps    int
-	model map[string]pageState
-	dev   *allocator
-	host  *allocator
-	bases [][]uint32
-	locks []*Node[uint32]
-	refs  []*Node[uint32]
+	tree   *Tree[uint32]
+	ps     int
+	model  map[string]pageState
+	dev    *allocator
+	host   *allocator
+	bases  [][]uint32
+	spaces []pagekey.Key
+	locks  []*Node[uint32]
+	refs   []*Node[uint32]
 }
 
-func prefixKey(key []uint32) string { return fmt.Sprint(key) }
+func prefixKey(ns pagekey.Key, key []uint32) string { return ns.String() + fmt.Sprint(key) }
 
-func (m *machine) drawKey(t *rapid.T) []uint32 {
+func (m *machine) drawKey(t *rapid.T) (pagekey.Key, []uint32) {
+	ns := rapid.SampledFrom(m.spaces).Draw(t, "ns")
 	base := rapid.SampledFrom(m.bases).Draw(t, "base")
 	n := rapid.IntRange(0, len(base)).Draw(t, "len")
 	key := slices.Clone(base[:n])
@@ -59,14 +62,14 @@ func (m *machine) drawKey(t *rapid.T) []uint32 {
 		i := rapid.IntRange(0, n-1).Draw(t, "at")
 		key[i] = uint32(rapid.IntRange(0, 3).Draw(t, "tok"))
 	}
-	return key
+	return ns, key
 }
 
 // modelMatch is the number of leading whole pages of key the model holds.
-func (m *machine) modelMatch(key []uint32) int {
+func (m *machine) modelMatch(ns pagekey.Key, key []uint32) int {
 	p := 0
 	for (p+1)*m.ps <= len(key) {
-		if _, ok := m.model[prefixKey(key[:(p+1)*m.ps])]; !ok {
+		if _, ok := m.model[prefixKey(ns, key[:(p+1)*m.ps])]; !ok {
 			break
 		}
 		p++
@@ -75,12 +78,12 @@ func (m *machine) modelMatch(key []uint32) int {
 }
 
 func (m *machine) insert(t *rapid.T) {
-	key := m.drawKey(t)
+	ns, key := m.drawKey(t)
 	pages := len(key) / m.ps
 	device := make([]pool.PageID, pages)
 	var wantDup []pool.PageID
 	for p := 0; p < pages; p++ {
-		st, ok := m.model[prefixKey(key[:(p+1)*m.ps])]
+		st, ok := m.model[prefixKey(ns, key[:(p+1)*m.ps])]
 		if ok && st.device >= 0 && rapid.Bool().Draw(t, "reuse") {
 			device[p] = st.device // the caller matched this page
 			continue
@@ -90,7 +93,7 @@ func (m *machine) insert(t *rapid.T) {
 			wantDup = append(wantDup, device[p])
 		}
 	}
-	res, err := m.tree.Insert(key, device)
+	res, err := m.tree.Insert(ns, key, device, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +102,7 @@ func (m *machine) insert(t *rapid.T) {
 	}
 	m.dev.free(t, "duplicate", res.Duplicate)
 	for p := 0; p < pages; p++ {
-		k := prefixKey(key[:(p+1)*m.ps])
+		k := prefixKey(ns, key[:(p+1)*m.ps])
 		st, ok := m.model[k]
 		switch {
 		case !ok:
@@ -112,19 +115,19 @@ func (m *machine) insert(t *rapid.T) {
 }
 
 func (m *machine) match(t *rapid.T) {
-	key := m.drawKey(t)
-	want := m.modelMatch(key)
-	if got := m.tree.Peek(key); got != want {
+	ns, key := m.drawKey(t)
+	want := m.modelMatch(ns, key)
+	if got := m.tree.Peek(ns, key); got != want {
 		t.Fatalf("Peek = %d pages, model %d", got, want)
 	}
-	res := m.tree.Match(key)
+	res := m.tree.Match(ns, key)
 	if res.Pages != want {
 		t.Fatalf("Match = %d pages, model %d", res.Pages, want)
 	}
 	p := 0
 	for _, s := range res.Spans {
 		for i := 0; i < s.Pages; i++ {
-			st := m.model[prefixKey(key[:(p+1)*m.ps])]
+			st := m.model[prefixKey(ns, key[:(p+1)*m.ps])]
 			dev, host := pool.PageID(-1), pool.PageID(-1)
 			if s.Device != nil {
 				dev = s.Device[i]
@@ -160,14 +163,20 @@ func (m *machine) unlock(t *rapid.T) {
 	m.locks = append(m.locks[:i], m.locks[i+1:]...)
 }
 
-// nodes lists the tree's nodes with their prefixes.
-func (m *machine) nodes() (list []*Node[uint32], prefixes [][]uint32) {
-	m.tree.Walk(func(prefix []uint32, n *Node[uint32]) bool {
+// nodes lists the tree's nodes with their namespaced prefixes (as model keys of
+// their first page's prefix without the node, and the node's own pages).
+func (m *machine) nodes() (list []*Node[uint32], prefixes []nsPrefix) {
+	m.tree.Walk(func(ns pagekey.Key, prefix []uint32, n *Node[uint32]) bool {
 		list = append(list, n)
-		prefixes = append(prefixes, slices.Clone(prefix))
+		prefixes = append(prefixes, nsPrefix{ns, slices.Clone(prefix)})
 		return true
 	})
 	return list, prefixes
+}
+
+type nsPrefix struct {
+	ns  pagekey.Key
+	key []uint32
 }
 
 func (m *machine) backup(t *rapid.T) {
@@ -217,10 +226,10 @@ func (m *machine) load(t *rapid.T) {
 }
 
 // setTier updates the model for the last pages pages of prefix.
-func (m *machine) setTier(prefix []uint32, pages int, set func(*pageState, int)) {
-	total := len(prefix) / m.ps
+func (m *machine) setTier(prefix nsPrefix, pages int, set func(*pageState, int)) {
+	total := len(prefix.key) / m.ps
 	for j := 0; j < pages; j++ {
-		k := prefixKey(prefix[:(total-pages+j+1)*m.ps])
+		k := prefixKey(prefix.ns, prefix.key[:(total-pages+j+1)*m.ps])
 		st := m.model[k]
 		set(&st, j)
 		m.model[k] = st
@@ -327,7 +336,8 @@ func (m *machine) pinned() map[string]pageState {
 			continue
 		}
 		for j := 0; j < len(n.keys); j++ {
-			k := prefixKey(prefixes[i][:len(prefixes[i])-len(n.keys)*m.ps+(j+1)*m.ps])
+			pk := prefixes[i].key
+			k := prefixKey(prefixes[i].ns, pk[:len(pk)-len(n.keys)*m.ps+(j+1)*m.ps])
 			st := m.model[k]
 			if n.lockRef == 0 {
 				st.device = -2 // unprotected tier
@@ -359,10 +369,10 @@ func (m *machine) check(t *rapid.T) {
 	}
 	seen := 0
 	var devHeld, hostHeld []pool.PageID
-	m.tree.Walk(func(prefix []uint32, n *Node[uint32]) bool {
+	m.tree.Walk(func(ns pagekey.Key, prefix []uint32, n *Node[uint32]) bool {
 		pages := len(n.keys)
 		for j := 0; j < pages; j++ {
-			k := prefixKey(prefix[:len(prefix)-len(n.keys)*m.ps+(j+1)*m.ps])
+			k := prefixKey(ns, prefix[:len(prefix)-len(n.keys)*m.ps+(j+1)*m.ps])
 			st, ok := m.model[k]
 			if !ok {
 				t.Fatalf("tree holds page %s the model does not", k)
@@ -412,6 +422,8 @@ func TestTreeMatchesReferenceModel(t *testing.T) {
 		}
 		defer tree.Close()
 		m := &machine{tree: tree, ps: ps, model: map[string]pageState{}, dev: newAllocator(), host: newAllocator()}
+		h, _ := pagekey.New(pagekey.DefaultConfig())
+		m.spaces = []pagekey.Key{{}, h.Seed(pagekey.Namespace{}.WithCacheSalt("a")), h.Seed(pagekey.Namespace{}.WithExtraKey("a"))}
 		for i := 0; i < 3; i++ {
 			m.bases = append(m.bases, rapid.SliceOfN(rapid.Uint32Range(0, 3), 0, 6*ps).Draw(t, "base"))
 		}

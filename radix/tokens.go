@@ -1,10 +1,12 @@
 package radix
 
 import (
+	"errors"
 	"fmt"
 	"unsafe"
 
 	"github.com/stratakv/strata/hostmem"
+	"github.com/stratakv/strata/pagekey"
 )
 
 // tokenArena keeps the tree's key elements off the Go heap, in fixed-size token
@@ -15,14 +17,16 @@ import (
 // is sized to the cache's page capacity, which bounds the tree (every cached page
 // holds a device or a host page).
 type tokenArena[E Elem] struct {
-	ps     int
-	region *hostmem.Region
-	elems  []E
-	free   []int32
-	pages  int
+	ps         int
+	region     *hostmem.Region
+	elems      []E
+	keys       []pagekey.Key // page keys by token page, when kept
+	keysRegion *hostmem.Region
+	free       []int32
+	pages      int
 }
 
-func newTokenArena[E Elem](ps, pages int) (*tokenArena[E], error) {
+func newTokenArena[E Elem](ps, pages int, withKeys bool) (*tokenArena[E], error) {
 	var zero E
 	bytes := int64(pages) * int64(ps) * int64(unsafe.Sizeof(zero))
 	alloc, err := hostmem.New(hostmem.Config{Kind: hostmem.Mmap, Prefault: true, TransparentHugePages: true})
@@ -35,6 +39,15 @@ func newTokenArena[E Elem](ps, pages int) (*tokenArena[E], error) {
 	}
 	a := &tokenArena[E]{ps: ps, region: region, pages: pages, free: make([]int32, pages)}
 	a.elems = unsafe.Slice((*E)(unsafe.Pointer(unsafe.SliceData(region.Bytes()))), pages*ps)
+	if withKeys {
+		// pagekey.Key holds no pointers, so it may live in mapped memory.
+		size := int64(unsafe.Sizeof(pagekey.Key{}))
+		if a.keysRegion, err = alloc.Allocate("radix-page-keys", int64(pages)*size); err != nil {
+			_ = region.Close()
+			return nil, fmt.Errorf("page key arena for %d pages: %w", pages, err)
+		}
+		a.keys = unsafe.Slice((*pagekey.Key)(unsafe.Pointer(unsafe.SliceData(a.keysRegion.Bytes()))), pages)
+	}
 	for i := range a.free {
 		a.free[i] = int32(pages - 1 - i)
 	}
@@ -54,10 +67,19 @@ func (a *tokenArena[E]) run(i int32, n int) []E {
 	return a.elems[off:end:end]
 }
 
-// store copies whole pages of key into fresh token pages and returns their indexes,
-// or false when the arena has too few free pages. Consecutive free pages are filled
-// with one copy per run.
-func (a *tokenArena[E]) store(key []E) ([]int32, bool) {
+// key is the page key stored with token page i (zero when none is kept).
+func (a *tokenArena[E]) key(i int32) pagekey.Key {
+	if a.keys == nil {
+		return pagekey.Key{}
+	}
+	return a.keys[i]
+}
+
+// store copies whole pages of key into fresh token pages, with their page keys when
+// the arena keeps them and keys is not nil, and returns their indexes, or false
+// when the arena has too few free pages. Consecutive free pages are filled with one
+// copy per run.
+func (a *tokenArena[E]) store(key []E, keys []pagekey.Key) ([]int32, bool) {
 	n := len(key) / a.ps
 	if n > len(a.free) {
 		return nil, false
@@ -74,6 +96,15 @@ func (a *tokenArena[E]) store(key []E) ([]int32, bool) {
 		copy(a.run(out[i], j-i), key[i*a.ps:j*a.ps])
 		i = j
 	}
+	if a.keys != nil {
+		for i, p := range out {
+			if keys != nil {
+				a.keys[p] = keys[i]
+			} else {
+				a.keys[p] = pagekey.Key{}
+			}
+		}
+	}
 	a.free = a.free[:len(a.free)-n]
 	return out, true
 }
@@ -88,4 +119,9 @@ func (a *tokenArena[E]) release(pages []int32) {
 
 func (a *tokenArena[E]) used() int { return a.pages - len(a.free) }
 
-func (a *tokenArena[E]) close() error { return a.region.Close() }
+func (a *tokenArena[E]) close() error {
+	if a.keysRegion != nil {
+		return errors.Join(a.region.Close(), a.keysRegion.Close())
+	}
+	return a.region.Close()
+}

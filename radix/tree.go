@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 )
 
@@ -61,6 +62,9 @@ type Config struct {
 	// mapped at New. Every cached page holds a device or a host page, so the sum of
 	// the device and host pool pages is always enough.
 	MaxPages int `json:"maxPages"`
+	// PageKeys keeps each page's pagekey.Key (33 bytes a page, in the same mapped
+	// arena) so that pages can be named in L3 without rehashing their prefix.
+	PageKeys bool `json:"pageKeys"`
 }
 
 // Tree is a paged radix tree. See the package comment.
@@ -76,6 +80,10 @@ type Tree[E Elem] struct {
 	deviceHeap victimHeap[E]
 	hostHeap   victimHeap[E]
 	tokens     *tokenArena[E]
+	// namespaces holds one page-less subtree root per namespace (tenant, LoRA
+	// adapter, cache salt), keyed by the namespace's chain seed: requests of one
+	// namespace never match another's pages. The zero Key is the root itself.
+	namespaces map[pagekey.Key]*Node[E]
 }
 
 // Node is one edge of the tree: a run of whole pages that share every ancestor.
@@ -97,6 +105,7 @@ type Node[E Elem] struct {
 
 	heapIdx [2]int32 // position in the device and host victim heaps, -1 when absent
 	removed bool
+	ns      *pagekey.Key // set on a namespace's subtree root
 }
 
 // New returns an empty tree.
@@ -110,11 +119,11 @@ func New[E Elem](cfg Config) (*Tree[E], error) {
 	if cfg.MaxPages < 1 || cfg.MaxPages > 1<<31-1 {
 		return nil, fmt.Errorf("max pages %d: want 1 to %d: %w", cfg.MaxPages, 1<<31-1, ErrConfig)
 	}
-	tokens, err := newTokenArena[E](cfg.PageSize, cfg.MaxPages)
+	tokens, err := newTokenArena[E](cfg.PageSize, cfg.MaxPages, cfg.PageKeys)
 	if err != nil {
 		return nil, err
 	}
-	t := &Tree[E]{cfg: cfg, tokens: tokens}
+	t := &Tree[E]{cfg: cfg, tokens: tokens, namespaces: map[pagekey.Key]*Node[E]{}}
 	t.root = &Node[E]{heapIdx: [2]int32{-1, -1}}
 	t.deviceHeap = victimHeap[E]{tier: deviceTier, policy: cfg.Policy}
 	t.hostHeap = victimHeap[E]{tier: hostTier, policy: cfg.Policy}
@@ -182,8 +191,48 @@ func (n *Node[E]) Hits() int { return int(n.hits) }
 // InTree reports whether the node is still part of the tree.
 func (n *Node[E]) InTree() bool { return !n.removed }
 
-// IsRoot reports whether n is a tree's root.
-func (n *Node[E]) IsRoot() bool { return n.parent == nil }
+// IsRoot reports whether n is the root of the tree or of a namespace: a node that
+// holds no pages.
+func (n *Node[E]) IsRoot() bool { return n.parent == nil || n.ns != nil }
+
+// nsRoot returns the subtree root of namespace ns, creating it when create is set;
+// nil when it does not exist.
+func (t *Tree[E]) nsRoot(ns pagekey.Key, create bool) *Node[E] {
+	if ns.IsZero() {
+		return t.root
+	}
+	if n := t.namespaces[ns]; n != nil || !create {
+		return n
+	}
+	key := ns
+	n := &Node[E]{parent: t.root, ns: &key, heapIdx: [2]int32{-1, -1}}
+	t.namespaces[ns] = n
+	return n
+}
+
+// dropNamespace forgets a namespace root that holds nothing and nobody holds.
+func (t *Tree[E]) dropNamespace(n *Node[E]) {
+	if n.ns == nil || n.removed || len(n.children) > 0 || n.lockRef > 0 || n.hostRef > 0 {
+		return
+	}
+	delete(t.namespaces, *n.ns)
+	n.removed = true
+}
+
+// Namespaces is the number of namespaces with cached pages.
+func (t *Tree[E]) Namespaces() int { return len(t.namespaces) }
+
+// PageKey is the pagekey.Key of page i of n (the zero Key when the tree keeps no
+// page keys or none was given).
+func (t *Tree[E]) PageKey(n *Node[E], i int) pagekey.Key { return t.tokens.key(n.keys[i]) }
+
+// AppendPageKeys appends the page keys of n's pages to dst.
+func (t *Tree[E]) AppendPageKeys(dst []pagekey.Key, n *Node[E]) []pagekey.Key {
+	for _, p := range n.keys {
+		dst = append(dst, t.tokens.key(p))
+	}
+	return dst
+}
 
 // Children lists the node's children. Do not modify the slice.
 func (n *Node[E]) Children() []*Node[E] { return n.children }

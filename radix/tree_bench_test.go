@@ -41,14 +41,14 @@ func benchTree(b *testing.B) (*Tree[uint32], []uint32) {
 		return out
 	}
 	main := randomTokens(r, benchPrefix)
-	if _, err := tree.Insert(main, devPages(benchPrefix/benchPage)); err != nil {
+	if _, err := tree.Insert(noNS, main, devPages(benchPrefix/benchPage), nil); err != nil {
 		b.Fatal(err)
 	}
 	for i := 0; i < 64; i++ {
 		at := (i + 1) * 2048
 		branch := append(slices.Clone(main[:at]), randomTokens(r, 16384)...)
-		dev := tree.Match(branch).AppendDevice(nil)
-		if _, err := tree.Insert(branch, append(dev, devPages(16384/benchPage)...)); err != nil {
+		dev := tree.Match(noNS, branch).AppendDevice(nil)
+		if _, err := tree.Insert(noNS, branch, append(dev, devPages(16384/benchPage)...), nil); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -65,7 +65,7 @@ func BenchmarkMatch131072(b *testing.B) {
 	var m Match[uint32]
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		m = tree.Match(query)
+		m = tree.Match(noNS, query)
 	}
 	b.StopTimer()
 	if m.Pages != benchPrefix/benchPage {
@@ -93,7 +93,7 @@ func BenchmarkInsert131072(b *testing.B) {
 		copy(seqs[i][benchPrefix/2:], randomTokens(r, benchPrefix/2))
 	}
 	dev := make([]pool.PageID, benchPrefix/benchPage)
-	shared := tree.Match(main[:benchPrefix/2]).AppendDevice(nil)
+	shared := tree.Match(noNS, main[:benchPrefix/2]).AppendDevice(nil)
 	copy(dev, shared)
 	for i := len(shared); i < len(dev); i++ {
 		dev[i] = pool.PageID(1<<30 + i)
@@ -101,7 +101,7 @@ func BenchmarkInsert131072(b *testing.B) {
 	var inserted []*Node[uint32]
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		res, err := tree.Insert(seqs[i%batch], dev)
+		res, err := tree.Insert(noNS, seqs[i%batch], dev, nil)
 		if err != nil || res.NewPages != len(dev)-len(shared) {
 			b.Fatalf("insert: %v %+v", err, res.NewPages)
 		}
@@ -172,12 +172,12 @@ func BenchmarkHeapPerPage(b *testing.B) {
 				}
 				next := pool.PageID(0)
 				for _, s := range seqs {
-					dev := tree.Match(s).AppendDevice(nil)
+					dev := tree.Match(noNS, s).AppendDevice(nil)
 					for len(dev) < len(s)/benchPage {
 						dev = append(dev, next)
 						next++
 					}
-					if _, err := tree.Insert(s, dev); err != nil {
+					if _, err := tree.Insert(noNS, s, dev, nil); err != nil {
 						b.Fatal(err)
 					}
 				}

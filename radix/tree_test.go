@@ -5,8 +5,12 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 )
+
+// noNS is the default namespace.
+var noNS = pagekey.Key{}
 
 func newTree(t *testing.T, ps int, policy Policy) *Tree[uint32] {
 	t.Helper()
@@ -28,7 +32,7 @@ func pages(ids ...int) []pool.PageID {
 
 func mustInsert(t *testing.T, tree *Tree[uint32], key []uint32, dev []pool.PageID) Inserted[uint32] {
 	t.Helper()
-	res, err := tree.Insert(key, dev)
+	res, err := tree.Insert(noNS, key, dev, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,19 +53,19 @@ func TestMatchInsertSplit(t *testing.T) {
 	if res.NewPages != 1 || len(res.Duplicate) != 0 || tree.Nodes() != 3 {
 		t.Fatalf("branching insert: %+v, %d nodes", res, tree.Nodes())
 	}
-	m := tree.Match([]uint32{1, 2, 3, 4, 5, 6, 0})
+	m := tree.Match(noNS, []uint32{1, 2, 3, 4, 5, 6, 0})
 	if m.Pages != 3 || m.DevicePages() != 3 || !slices.Equal(m.AppendDevice(nil), pages(10, 11, 12)) {
 		t.Fatalf("match: %+v", m)
 	}
 	// A match that ends inside a node splits it there.
-	m = tree.Match([]uint32{1, 2, 7, 7})
+	m = tree.Match(noNS, []uint32{1, 2, 7, 7})
 	if m.Pages != 1 || tree.Nodes() != 4 || !slices.Equal(m.Last.Device(), pages(10)) {
 		t.Fatalf("partial match: pages %d nodes %d", m.Pages, tree.Nodes())
 	}
-	if got := tree.Peek([]uint32{1, 2, 3, 4, 9, 9, 9}); got != 3 {
+	if got := tree.Peek(noNS, []uint32{1, 2, 3, 4, 9, 9, 9}); got != 3 {
 		t.Fatalf("Peek = %d", got)
 	}
-	if got := tree.Peek([]uint32{1}); got != 0 {
+	if got := tree.Peek(noNS, []uint32{1}); got != 0 {
 		t.Fatalf("Peek of less than a page = %d", got)
 	}
 	// Inserting the same prefix with other device pages reports them as duplicates.
@@ -69,7 +73,7 @@ func TestMatchInsertSplit(t *testing.T) {
 	if !slices.Equal(res.Duplicate, pages(30, 31)) || res.NewPages != 0 {
 		t.Fatalf("duplicate insert: %+v", res)
 	}
-	if _, err := tree.Insert([]uint32{1, 2, 3, 4}, pages(1)); !errors.Is(err, ErrPages) {
+	if _, err := tree.Insert(noNS, []uint32{1, 2, 3, 4}, pages(1), nil); !errors.Is(err, ErrPages) {
 		t.Fatalf("insert with too few pages: %v", err)
 	}
 	if err := tree.Check(); err != nil {
@@ -85,10 +89,10 @@ func TestLRUAndLFUVictimOrder(t *testing.T) {
 		mustInsert(t, tree, []uint32{3}, pages(3))
 		// Hit 1 three times, 2 once; then touch 3 last.
 		for i := 0; i < 3; i++ {
-			tree.Match([]uint32{1})
+			tree.Match(noNS, []uint32{1})
 		}
-		tree.Match([]uint32{2})
-		tree.Match([]uint32{3})
+		tree.Match(noNS, []uint32{2})
+		tree.Match(noNS, []uint32{3})
 		var order []pool.PageID
 		for {
 			dev, _ := tree.EvictDevice(1)
@@ -111,7 +115,7 @@ func TestLocksAndHostRefsProtectNodes(t *testing.T) {
 	tree := newTree(t, 1, LRU)
 	mustInsert(t, tree, []uint32{1, 2, 3}, pages(1, 2, 3))
 	mustInsert(t, tree, []uint32{1, 5}, pages(1, 5))
-	m := tree.Match([]uint32{1, 2, 3})
+	m := tree.Match(noNS, []uint32{1, 2, 3})
 	if err := tree.Lock(m.Last); err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +130,7 @@ func TestLocksAndHostRefsProtectNodes(t *testing.T) {
 		t.Fatalf("second unlock: %v", err)
 	}
 	// Back up the tail, reference it, and drop the rest from L1.
-	tail := tree.Match([]uint32{1, 2, 3}).Last
+	tail := tree.Match(noNS, []uint32{1, 2, 3}).Last
 	if err := tree.SetHost(tail, pages(100, 101)); err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +168,7 @@ func TestLocksAndHostRefsProtectNodes(t *testing.T) {
 func TestLoadBackAndRevive(t *testing.T) {
 	tree := newTree(t, 2, LRU)
 	mustInsert(t, tree, []uint32{1, 2, 3, 4}, pages(1, 2))
-	n := tree.Match([]uint32{1, 2, 3, 4}).Last
+	n := tree.Match(noNS, []uint32{1, 2, 3, 4}).Last
 	if err := tree.SetHost(n, pages(50, 51)); err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +178,7 @@ func TestLoadBackAndRevive(t *testing.T) {
 	if dev, _ := tree.EvictDevice(2); !slices.Equal(dev, pages(1, 2)) {
 		t.Fatalf("evicted %v", dev)
 	}
-	m := tree.Match([]uint32{1, 2, 3, 4})
+	m := tree.Match(noNS, []uint32{1, 2, 3, 4})
 	if m.Pages != 2 || m.DevicePages() != 0 || !slices.Equal(m.Spans[0].Host, pages(50, 51)) {
 		t.Fatalf("L2-only match: %+v", m)
 	}
@@ -184,7 +188,7 @@ func TestLoadBackAndRevive(t *testing.T) {
 	if err := tree.SetDevice(m.Last, pages(7, 8)); err != nil {
 		t.Fatal(err)
 	}
-	if tree.Match([]uint32{1, 2, 3, 4}).DevicePages() != 2 {
+	if tree.Match(noNS, []uint32{1, 2, 3, 4}).DevicePages() != 2 {
 		t.Fatal("loaded node not in L1")
 	}
 	// Evict again, then insert the prefix with fresh pages: the node is revived.
@@ -193,7 +197,7 @@ func TestLoadBackAndRevive(t *testing.T) {
 	if len(res.Revived) != 1 || res.NewPages != 1 || len(res.Duplicate) != 0 {
 		t.Fatalf("revive: %+v", res)
 	}
-	if got := tree.Match([]uint32{1, 2, 3, 4, 5, 6}).AppendDevice(nil); !slices.Equal(got, pages(9, 10, 11)) {
+	if got := tree.Match(noNS, []uint32{1, 2, 3, 4, 5, 6}).AppendDevice(nil); !slices.Equal(got, pages(9, 10, 11)) {
 		t.Fatalf("device pages after revive %v", got)
 	}
 }
@@ -210,7 +214,7 @@ func TestManyChildrenUseTheIndex(t *testing.T) {
 		t.Fatal("pages per node")
 	}
 	for i := 0; i < 100; i++ {
-		if got := tree.Peek([]uint32{7, uint32(i), 1, 1}); got != 2 {
+		if got := tree.Peek(noNS, []uint32{7, uint32(i), 1, 1}); got != 2 {
 			t.Fatalf("child %d: %d pages", i, got)
 		}
 	}
@@ -227,7 +231,7 @@ func TestManyChildrenUseTheIndex(t *testing.T) {
 	}
 	left := 0
 	for i := 0; i < 100; i++ {
-		left += tree.Peek([]uint32{7, uint32(i), 1, 1})
+		left += tree.Peek(noNS, []uint32{7, uint32(i), 1, 1})
 	}
 	if left != 6 {
 		t.Fatalf("%d pages findable after eviction", left)
@@ -246,14 +250,14 @@ func TestBigramKeys(t *testing.T) {
 		}
 		return out
 	}
-	if _, err := tree.Insert(pack(1, 2, 3, 4, 5), pages(1, 2)); err != nil {
+	if _, err := tree.Insert(noNS, pack(1, 2, 3, 4, 5), pages(1, 2), nil); err != nil {
 		t.Fatal(err)
 	}
 	// Same tokens up to 4, different 5th: the second bigram page differs.
-	if got := tree.Peek(pack(1, 2, 3, 4, 6)); got != 1 {
+	if got := tree.Peek(noNS, pack(1, 2, 3, 4, 6)); got != 1 {
 		t.Fatalf("bigram match = %d pages, want 1", got)
 	}
-	if got := tree.Peek(pack(1, 2, 3, 4, 5, 6)); got != 2 {
+	if got := tree.Peek(noNS, pack(1, 2, 3, 4, 5, 6)); got != 2 {
 		t.Fatalf("bigram match = %d pages, want 2", got)
 	}
 }
@@ -276,7 +280,7 @@ func TestConfigAndBadOperations(t *testing.T) {
 		t.Fatalf("remove root: %v", err)
 	}
 	mustInsert(t, tree, []uint32{1}, pages(1))
-	n := tree.Match([]uint32{1}).Last
+	n := tree.Match(noNS, []uint32{1}).Last
 	if _, err := tree.DropDevice(n); !errors.Is(err, ErrNode) {
 		t.Fatalf("drop device without a host copy: %v", err)
 	}
@@ -300,7 +304,7 @@ func TestInsertBeyondCapacityChangesNothing(t *testing.T) {
 	defer tree.Close()
 	mustInsert(t, tree, []uint32{1, 2, 3}, pages(1, 2, 3))
 	// Sharing [1 2], then 3 new pages: one more than fits.
-	if _, err := tree.Insert([]uint32{1, 2, 7, 8, 9}, pages(1, 2, 7, 8, 9)); !errors.Is(err, ErrFull) {
+	if _, err := tree.Insert(noNS, []uint32{1, 2, 7, 8, 9}, pages(1, 2, 7, 8, 9), nil); !errors.Is(err, ErrFull) {
 		t.Fatalf("insert past capacity: %v", err)
 	}
 	if tree.Nodes() != 1 || tree.DevicePages() != 3 {
@@ -310,4 +314,104 @@ func TestInsertBeyondCapacityChangesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustInsert(t, tree, []uint32{1, 2, 7}, pages(1, 2, 7))
+}
+
+func TestNamespacesNeverShareAPage(t *testing.T) {
+	tree := newTree(t, 2, LRU)
+	h, _ := pagekey.New(pagekey.DefaultConfig())
+	a := h.Seed(pagekey.Namespace{}.WithCacheSalt("tenant-a"))
+	b := h.Seed(pagekey.Namespace{}.WithCacheSalt("tenant-b"))
+	key := []uint32{1, 2, 3, 4}
+	if _, err := tree.Insert(a, key, pages(1, 2), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := tree.Peek(b, key); got != 0 {
+		t.Fatalf("tenant b sees %d pages of tenant a", got)
+	}
+	if got := tree.Peek(noNS, key); got != 0 {
+		t.Fatalf("the default namespace sees %d pages of tenant a", got)
+	}
+	if m := tree.Match(b, key); m.Pages != 0 || m.Last != tree.Root() {
+		t.Fatalf("match in an unknown namespace: %+v", m)
+	}
+	if got := tree.Peek(a, key); got != 2 {
+		t.Fatalf("tenant a sees %d of its pages", got)
+	}
+	if _, err := tree.Insert(b, key, pages(3, 4), nil); err != nil {
+		t.Fatal(err)
+	}
+	if tree.Namespaces() != 2 || tree.DevicePages() != 4 {
+		t.Fatalf("%d namespaces, %d pages", tree.Namespaces(), tree.DevicePages())
+	}
+	// A lock taken through a namespace keeps its root until released.
+	m := tree.Match(a, key)
+	if err := tree.Lock(m.Last); err != nil {
+		t.Fatal(err)
+	}
+	tree.EvictDevice(100)
+	if tree.Peek(a, key) != 2 || tree.Peek(b, key) != 0 {
+		t.Fatal("eviction took a locked namespace's pages or spared an unlocked one")
+	}
+	if tree.Namespaces() != 1 {
+		t.Fatalf("emptied namespace kept: %d", tree.Namespaces())
+	}
+	if err := tree.Unlock(m.Last); err != nil {
+		t.Fatal(err)
+	}
+	tree.EvictDevice(100)
+	if tree.Namespaces() != 0 || tree.Nodes() != 0 {
+		t.Fatalf("after evicting everything: %d namespaces, %d nodes", tree.Namespaces(), tree.Nodes())
+	}
+	if err := tree.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPageKeysFollowSplitsAndInsertHost(t *testing.T) {
+	tree, err := New[uint32](Config{PageSize: 2, MaxPages: 64, PageKeys: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tree.Close()
+	h, _ := pagekey.New(pagekey.Config{PageSize: 2})
+	key := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	keys := h.Keys(pagekey.Key{}, key)
+	if _, err := tree.Insert(noNS, key[:4], pages(1, 2), keys[:2]); err != nil {
+		t.Fatal(err)
+	}
+	if n, last := tree.PeekKey(noNS, key); n != 2 || last != keys[1] {
+		t.Fatalf("PeekKey = %d, %v", n, last)
+	}
+	// The rest arrives from L3 as L2-only pages, fetched for the 1-page prefix
+	// (page 1 has been cached meanwhile: its host page comes back).
+	leaf, dup, err := tree.InsertHost(noNS, key, pages(51, 52, 53), keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(dup, pages(51)) || leaf.Pages() != 2 || leaf.Device() != nil || !slices.Equal(leaf.Host(), pages(52, 53)) {
+		t.Fatalf("InsertHost: leaf %+v dup %v", leaf, dup)
+	}
+	// Pages fetched below a prefix that is gone cannot be hung.
+	if _, _, err := tree.InsertHost(noNS, []uint32{9, 9, 9, 9}, pages(60), nil); !errors.Is(err, ErrNode) {
+		t.Fatalf("InsertHost below a missing prefix: %v", err)
+	}
+	// Split the first node by matching one page; every page keeps its key.
+	tree.Match(noNS, key[:2])
+	m := tree.Match(noNS, key)
+	var got []pagekey.Key
+	for _, s := range m.Spans {
+		got = tree.AppendPageKeys(got, s.Node)
+	}
+	if len(m.Spans) != 3 || !slices.Equal(got, keys) {
+		t.Fatalf("page keys after split: %d spans, %v", len(m.Spans), got)
+	}
+	if tree.PageKey(m.Last, 1) != keys[3] {
+		t.Fatal("PageKey")
+	}
+	if _, _, err := tree.InsertHost(noNS, key[:2], pages(1, 2), nil); !errors.Is(err, ErrPages) {
+		t.Fatalf("InsertHost with too few pages: %v", err)
+	}
+	if err := tree.Check(); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 	"github.com/stratakv/strata/radix"
 )
@@ -30,22 +31,26 @@ func newCeilingRun(cfg Config, maxPages int) (*ceilingRun, error) {
 
 func (c *ceilingRun) admit(a *active) (bool, error) {
 	if c.bigram {
-		a.hitL1 = c.bigrams.Peek(bigramKey(a.req.Prompt)) * c.ps
+		a.hitL1 = c.bigrams.Peek(pagekey.Key{}, bigramKey(a.req.Prompt)) * c.ps
 	} else {
-		a.hitL1 = c.tokens.Peek(a.req.Prompt) * c.ps
+		a.hitL1 = c.tokens.Peek(pagekey.Key{}, a.req.Prompt) * c.ps
 	}
 	return false, nil
 }
 
 func (c *ceilingRun) prefill(*active) {}
 
+func (c *ceilingRun) arrive(*active) {}
+
+func (c *ceilingRun) settle() error { return nil }
+
 func (c *ceilingRun) finish(a *active) error {
 	var err error
 	if c.bigram {
 		key := bigramKey(a.tokens)
-		_, err = c.bigrams.Insert(key[:len(key)/c.ps*c.ps], c.pages(len(key)/c.ps))
+		_, err = c.bigrams.Insert(pagekey.Key{}, key[:len(key)/c.ps*c.ps], c.pages(len(key)/c.ps), nil)
 	} else {
-		_, err = c.tokens.Insert(a.tokens[:len(a.tokens)/c.ps*c.ps], c.pages(len(a.tokens)/c.ps))
+		_, err = c.tokens.Insert(pagekey.Key{}, a.tokens[:len(a.tokens)/c.ps*c.ps], c.pages(len(a.tokens)/c.ps), nil)
 	}
 	return err
 }

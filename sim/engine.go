@@ -11,6 +11,11 @@ import (
 
 // cacheRun is one cache configuration behind the simulated engine.
 type cacheRun interface {
+	// arrive sees a request as it arrives (and starts its L3 prefetch).
+	arrive(a *active)
+	// settle waits for the cache's background work, so that what a request finds
+	// depends on the trace alone, not on how fast this machine's disk is.
+	settle() error
 	// admit matches a request, loads and verifies its hit, and takes L1 pages for
 	// the rest. wait=true means L1 is full of running requests: try again after one
 	// finishes.
@@ -26,17 +31,20 @@ type cacheRun interface {
 
 // active is a request inside the simulated engine.
 type active struct {
-	req      *workload.Request
-	tokens   []uint32 // prompt + output
-	hs       []uint64 // prefix digests of tokens
-	hitL1    int
-	hitL2    int
-	hitL3    int
-	loadWall time.Duration // measured wall time of loading the hit
-	doneAt   time.Duration // simulated completion time
-	state    any           // the cache run's per-request state
-	verified int64
-	corrupt  int64
+	req       *workload.Request
+	tokens    []uint32 // prompt + output
+	hs        []uint64 // prefix digests of tokens
+	hitL1     int
+	hitL2     int
+	hitL3     int
+	loadWall  time.Duration // measured wall time of loading the hit
+	fetchWall time.Duration // measured wall time of the L3 prefetch
+	doneAt    time.Duration // simulated completion time
+	state     any           // the cache run's per-request state
+	verified  int64
+	corrupt   int64
+	// draftRecompute counts hit pages whose draft KV the engine recomputed.
+	draftRecompute int64
 }
 
 func (a *active) hit() int { return a.hitL1 + a.hitL2 + a.hitL3 }
@@ -81,6 +89,9 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		if err := e.run.settle(); err != nil {
+			return err
+		}
 		// Take the earlier of the next arrival and the next completion.
 		arrival := time.Duration(1<<63 - 1)
 		if next < len(trace.Requests) {
@@ -94,6 +105,7 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 			}
 			out.VerifiedPages += a.verified
 			out.CorruptPages += a.corrupt
+			out.DraftRecomputePages += a.draftRecompute
 			done++
 			e.progress.Step(done)
 		} else if next < len(trace.Requests) {
@@ -102,7 +114,9 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 			next++
 			tokens := make([]uint32, 0, len(r.Prompt)+len(r.Output))
 			tokens = append(append(tokens, r.Prompt...), r.Output...)
-			waiting = append(waiting, &active{req: r, tokens: tokens, hs: prefixHashes(tokens)})
+			a := &active{req: r, tokens: tokens, hs: prefixHashes(tokens)}
+			e.run.arrive(a)
+			waiting = append(waiting, a)
 		} else if len(waiting) > 0 {
 			// Nothing runs and nothing arrives, yet requests wait: the head is
 			// larger than L1 itself.
@@ -134,7 +148,10 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 			e.run.prefill(a)
 			miss := len(a.req.Prompt) - a.hit()
 			compute := time.Duration(miss) * prefillPer
-			ttft := now - a.req.Arrival + compute + a.loadWall
+			queued := now - a.req.Arrival
+			// The prefetch runs while the request queues; only what outlasts the
+			// queueing delays the first token.
+			ttft := queued + compute + a.loadWall + max(0, a.fetchWall-queued)
 			ttfts = append(ttfts, float64(ttft)/float64(time.Millisecond))
 			out.HitTokens.L1 += int64(a.hitL1)
 			out.HitTokens.L2 += int64(a.hitL2)

@@ -4,46 +4,73 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"time"
 
 	"github.com/stratakv/strata/hicache"
 	"github.com/stratakv/strata/hostmem"
 	"github.com/stratakv/strata/kvlayout"
+	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
+	"github.com/stratakv/strata/storage"
+	"github.com/stratakv/strata/storage/file"
 )
 
 // hicacheRun serves the trace through a hicache.Cache over stand-in device pools
-// (L1) and, for strata, host pools (L2).
+// (L1) and, for strata, host pools (L2) and an L3 backend.
 type hicacheRun struct {
 	cache    *hicache.Cache
 	kv       *kvModel
 	dev      pool.DeviceGroup
 	closeDev func() error
 	host     *pool.Group
+	backend  storage.Backend
+	cleanup  func() error // removes a temporary L3 directory
 	ps       int
+	l3       string
 }
 
 type hicacheState struct {
-	r     *hicache.Request
-	pages []pool.PageID
+	r        *hicache.Request
+	pages    []pool.PageID
+	prefetch *hicache.Prefetch
 }
 
-func newHicacheRun(cfg Config, withL2 bool) (*hicacheRun, error) {
+func newHicacheRun(cfg Config, withL2, withL3 bool) (h *hicacheRun, err error) {
+	h = &hicacheRun{ps: cfg.PageSize, closeDev: func() error { return nil }}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, h.closeAll())
+		}
+	}()
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if withL3 && cfg.L3 != L3None {
+		if h.backend, h.cleanup, err = newBackend(cfg, log); err != nil {
+			return h, err
+		}
+		h.l3 = cfg.L3
+	}
 	alloc, err := hostmem.New(hostmem.DefaultConfig(hostmem.Mmap))
 	if err != nil {
-		return nil, err
+		return h, err
 	}
 	specs := cfg.poolSpecs()
 	l1Pages := int(cfg.L1Tokens / int64(cfg.PageSize))
-	dev, closeDev, err := pool.NewMemDeviceGroup(pool.GroupSpec{Pools: specs, Layout: kvlayout.LayerFirst, PageSize: cfg.PageSize, Pages: l1Pages}, alloc)
-	if err != nil {
-		return nil, fmt.Errorf("L1 stand-in pools: %w", err)
+	if h.dev, h.closeDev, err = pool.NewMemDeviceGroup(pool.GroupSpec{Pools: specs, Layout: kvlayout.LayerFirst, PageSize: cfg.PageSize, Pages: l1Pages}, alloc); err != nil {
+		return h, fmt.Errorf("L1 stand-in pools: %w", err)
 	}
-	h := &hicacheRun{dev: dev, closeDev: closeDev, ps: cfg.PageSize}
 	if withL2 {
-		h.host, err = pool.BuildGroup(pool.GroupSpec{Pools: specs, Layout: kvlayout.PageFirst, PageSize: cfg.PageSize, Pages: cfg.l2Pages()}, alloc)
+		// The host group takes the backend's allocator, for every pool.
+		hostAlloc, err := storage.HostAllocator(h.backend, hostmem.DefaultConfig(hostmem.Mmap))
 		if err != nil {
-			return nil, errors.Join(fmt.Errorf("L2 host pools: %w", err), closeDev())
+			return h, err
+		}
+		if h.host, err = pool.BuildGroup(pool.GroupSpec{Pools: specs, Layout: kvlayout.PageFirst, PageSize: cfg.PageSize, Pages: cfg.l2Pages()}, hostAlloc); err != nil {
+			return h, fmt.Errorf("L2 host pools: %w", err)
 		}
 	}
 	hc := hicache.DefaultConfig()
@@ -51,16 +78,64 @@ func newHicacheRun(cfg Config, withL2 bool) (*hicacheRun, error) {
 	hc.Bigram = cfg.Bigram
 	hc.WritePolicy = cfg.WritePolicy
 	hc.Eviction = cfg.Eviction
-	h.cache, err = hicache.New(hc, dev, h.host)
-	if err != nil {
-		return nil, errors.Join(err, h.closePools())
+	hc.L3.PrefetchPolicy = cfg.PrefetchPolicy
+	hc.L3.DraftPolicy = cfg.DraftPolicy
+	hc.L3.Names = pagekey.Names{ModelPrefix: cfg.Model.Name}
+	if h.cache, err = hicache.New(hc, h.dev, h.host, hicache.Options{Storage: h.backend, Logger: log}); err != nil {
+		return h, err
 	}
-	h.kv = newKVModel(dev, 1)
+	h.kv = newKVModel(h.dev, 1)
 	return h, nil
 }
 
+// newBackend opens the configured L3 backend; cleanup removes what the bench made.
+func newBackend(cfg Config, log *slog.Logger) (storage.Backend, func() error, error) {
+	switch cfg.L3 {
+	case L3File:
+		dir, cleanup := cfg.L3Dir, func() error { return nil }
+		if dir == "" {
+			tmp, err := os.MkdirTemp("", "strata-bench-l3-")
+			if err != nil {
+				return nil, nil, fmt.Errorf("L3 directory: %w", err)
+			}
+			dir, cleanup = tmp, func() error { return os.RemoveAll(tmp) }
+		}
+		fc := file.DefaultConfig(dir)
+		fc.Logger = log
+		if cfg.L3CapacityBytes > 0 {
+			fc.CapacityBytes = cfg.L3CapacityBytes
+		}
+		b, err := file.New(fc)
+		if err != nil {
+			return nil, nil, errors.Join(err, cleanup())
+		}
+		return b, cleanup, nil
+	}
+	return nil, nil, fmt.Errorf("L3 backend %q: %w", cfg.L3, ErrConfig)
+}
+
+func (h *hicacheRun) arrive(a *active) {
+	if h.backend == nil {
+		return
+	}
+	a.state = &hicacheState{prefetch: h.cache.Prefetch(a.req.Prompt, pagekey.Namespace{})}
+}
+
+func (h *hicacheRun) settle() error {
+	if h.backend == nil {
+		return nil
+	}
+	return h.cache.Sync(context.Background())
+}
+
 func (h *hicacheRun) admit(a *active) (bool, error) {
-	r, err := h.cache.Match(a.req.Prompt)
+	var prefetch *hicache.Prefetch
+	if st, ok := a.state.(*hicacheState); ok && st.prefetch != nil {
+		prefetch, st.prefetch = st.prefetch, nil // a Prefetch serves one Match
+		<-prefetch.Done()
+		a.fetchWall = prefetch.Elapsed()
+	}
+	r, err := h.cache.Match(context.Background(), a.req.Prompt, hicache.MatchOptions{Prefetch: prefetch})
 	if err != nil {
 		return false, err
 	}
@@ -75,33 +150,49 @@ func (h *hicacheRun) admit(a *active) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if r.L2Tokens > 0 || r.Loading() {
+	if r.L2Tokens+r.L3Tokens > 0 || r.Loading() {
 		start := time.Now()
 		if err := r.Wait(context.Background()); err != nil {
 			return false, fmt.Errorf("load of a %d-token hit: %w", r.HitTokens, err)
 		}
 		a.loadWall = time.Since(start)
 	}
-	a.hitL1, a.hitL2 = r.L1Tokens, r.L2Tokens
+	a.hitL1, a.hitL2, a.hitL3 = r.L1Tokens, r.L2Tokens, r.L3Tokens
 	pages := append(append(make([]pool.PageID, 0, len(r.DevicePages)+len(fresh)), r.DevicePages...), fresh...)
 	a.state = &hicacheState{r: r, pages: pages}
-	h.verify(a, r.HitTokens/h.ps, pages)
+	h.verify(a, r, pages)
 	return false, nil
 }
 
-// verify checks every hit page of every pool against the KV function.
-func (h *hicacheRun) verify(a *active, pages int, table []pool.PageID) {
+// verify checks every hit page of every pool against the KV function (the draft
+// pools' pages that the engine must recompute excepted), then recomputes those.
+func (h *hicacheRun) verify(a *active, r *hicache.Request, table []pool.PageID) {
+	pages := r.HitTokens / h.ps
 	if pages == 0 {
 		return
 	}
 	bad := make([]bool, pages)
+	recomputeFrom := r.DraftRecomputeFrom / h.ps
 	for i := range h.kv.pools {
-		h.kv.verify(&h.kv.pools[i], a.hs, table, pages, bad)
+		p := &h.kv.pools[i]
+		n := pages
+		if p.draft && r.DraftRecomputeTokens > 0 {
+			n = recomputeFrom
+		}
+		h.kv.verify(p, a.hs, table, n, bad)
 	}
 	a.verified += int64(pages)
 	for _, b := range bad {
 		if b {
 			a.corrupt++
+		}
+	}
+	if r.DraftRecomputeTokens > 0 {
+		a.draftRecompute += int64(r.DraftRecomputeTokens / h.ps)
+		for i := range h.kv.pools {
+			if p := &h.kv.pools[i]; p.draft {
+				h.kv.fill(p, a.hs, table, r.DraftRecomputeFrom, r.DraftRecomputeFrom+r.DraftRecomputeTokens)
+			}
 		}
 	}
 }
@@ -127,17 +218,43 @@ func (h *hicacheRun) report(r *RunReport) {
 	r.LoadBack = Traffic{Pages: s.LoadBack.Pages, Bytes: s.LoadBack.Bytes, Elapsed: Duration(s.LoadBack.Elapsed)}
 	r.Backup = Traffic{Pages: s.Backup.Pages, Bytes: s.Backup.Bytes, Elapsed: Duration(s.Backup.Elapsed)}
 	r.EvictedTokens = TierTokens{L1: s.EvictedTokensL1, L2: s.EvictedTokensL2}
+	if h.backend == nil {
+		return
+	}
+	l3 := &L3Report{
+		Backend:      h.l3,
+		BytesRead:    s.L3.BytesRead,
+		BytesWritten: s.L3.BytesWritten,
+		Prefetch: PrefetchOutcomes{
+			Completed:      s.L3.Prefetch.Completed,
+			TimedOut:       s.L3.Prefetch.TimedOut,
+			BelowThreshold: s.L3.Prefetch.BelowThreshold,
+			Canceled:       s.L3.Prefetch.Canceled,
+		},
+		Faults: s.L3.Faults,
+	}
+	for _, p := range s.L3.Pools {
+		l3.Pools = append(l3.Pools, PoolL3Status{Pool: p.Pool, Enabled: p.Enabled, Reason: p.Reason})
+	}
+	r.L3 = l3
 }
 
-func (h *hicacheRun) closePools() error {
+func (h *hicacheRun) closeAll() error {
 	var errs []error
+	if h.cache != nil {
+		errs = append(errs, h.cache.Close())
+	}
 	if h.host != nil {
 		errs = append(errs, h.host.Close())
 	}
 	errs = append(errs, h.closeDev())
+	if h.backend != nil {
+		errs = append(errs, h.backend.Close())
+	}
+	if h.cleanup != nil {
+		errs = append(errs, h.cleanup())
+	}
 	return errors.Join(errs...)
 }
 
-func (h *hicacheRun) close() error {
-	return errors.Join(h.cache.Close(), h.closePools())
-}
+func (h *hicacheRun) close() error { return h.closeAll() }

@@ -20,6 +20,12 @@ import (
 	"github.com/stratakv/strata/workload"
 )
 
+// L3 backends of the strata run.
+const (
+	L3None = "none"
+	L3File = "file"
+)
+
 // Run names.
 const (
 	RunL1Only  = "l1-only"
@@ -54,6 +60,16 @@ type Config struct {
 	// MaxRunning is the most requests the engine runs at once; each holds its pages
 	// in L1 from admission to completion.
 	MaxRunning int `json:"maxRunning"`
+	// L3 is the strata run's L3 backend: file or none.
+	L3 string `json:"l3"`
+	// L3Dir is the file backend's directory; empty means a temporary directory,
+	// removed after the run.
+	L3Dir string `json:"l3Dir"`
+	// L3CapacityBytes bounds the file backend; 0 keeps its default.
+	L3CapacityBytes int64 `json:"l3CapacityBytes"`
+	// PrefetchPolicy and DraftPolicy configure strata's L3 tier.
+	PrefetchPolicy hicache.PrefetchPolicy `json:"prefetchPolicy"`
+	DraftPolicy    hicache.DraftPolicy    `json:"draftPolicy"`
 	// Runs lists the configurations to replay, in order; nil means all three.
 	Runs []string `json:"runs"`
 	// Progress reports each run's progress; nil is silent.
@@ -63,22 +79,25 @@ type Config struct {
 }
 
 // DefaultConfig is the embedded default of `strata bench`: the multiturn workload
-// on the small model with its EAGLE draft, 64-token pages, L1 of 32768 tokens
-// (under a quarter of the default workload's 138240 distinct prefix tokens) and
-// L2 four times that.
+// on the small model with its EAGLE draft, 64-token pages, L1 of 16384 tokens (12%
+// of the default workload's 138240 distinct prefix tokens), L2 four times that (so
+// L1 + L2 hold 59% of the working set), and a file L3 in a temporary directory.
 func DefaultConfig() Config {
 	m, _ := ModelByName(DefaultModel)
 	return Config{
-		Seed:        1,
-		Model:       m,
-		Draft:       true,
-		Bigram:      true,
-		PageSize:    64,
-		L1Tokens:    32768,
-		L2Ratio:     4,
-		WritePolicy: hicache.WriteThrough,
-		Eviction:    radix.LRU,
-		MaxRunning:  16,
+		Seed:           1,
+		Model:          m,
+		Draft:          true,
+		Bigram:         true,
+		PageSize:       64,
+		L1Tokens:       16384,
+		L2Ratio:        4,
+		WritePolicy:    hicache.WriteThrough,
+		Eviction:       radix.LRU,
+		MaxRunning:     16,
+		L3:             L3File,
+		PrefetchPolicy: hicache.Timeout,
+		DraftPolicy:    hicache.DraftRequired,
 	}
 }
 
@@ -101,6 +120,12 @@ func (c Config) Validate() error {
 	}
 	if err := c.Model.Geometry.Validate(); err != nil {
 		return fmt.Errorf("model %q: %w", c.Model.Name, err)
+	}
+	if c.L3 != L3None && c.L3 != L3File {
+		return fmt.Errorf("L3 backend %q: want %s or %s: %w", c.L3, L3File, L3None, ErrConfig)
+	}
+	if c.L3CapacityBytes < 0 {
+		return fmt.Errorf("L3 capacity %d bytes: must not be negative: %w", c.L3CapacityBytes, ErrConfig)
 	}
 	for _, r := range c.Runs {
 		if r != RunL1Only && r != RunCeiling && r != RunStrata {
@@ -151,6 +176,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Draft {
 		rep.Draft = cfg.Model.Name + "-eagle"
 	}
+	if cfg.L3 != L3None {
+		rep.L3 = cfg.L3
+	}
 	runs := cfg.Runs
 	if len(runs) == 0 {
 		runs = []string{RunL1Only, RunCeiling, RunStrata}
@@ -176,13 +204,16 @@ func runOne(ctx context.Context, cfg Config, name string, trace workload.Trace, 
 	switch name {
 	case RunL1Only:
 		rr.Description = "prefix cache in device memory only"
-		run, err = newHicacheRun(cfg, false)
+		run, err = newHicacheRun(cfg, false, false)
 	case RunCeiling:
 		rr.Description = "infinite capacity: every page ever computed stays cached"
 		run, err = newCeilingRun(cfg, maxPages)
 	default:
 		rr.Description = fmt.Sprintf("L1 + L2 (%gx host), %s", cfg.L2Ratio, cfg.WritePolicy)
-		run, err = newHicacheRun(cfg, true)
+		if cfg.L3 != L3None {
+			rr.Description += " + L3 " + cfg.L3
+		}
+		run, err = newHicacheRun(cfg, true, true)
 	}
 	if err != nil {
 		return rr, err

@@ -126,3 +126,29 @@ func TestRequestLargerThanL1Fails(t *testing.T) {
 		t.Fatal("requests larger than L1 were not reported as failed")
 	}
 }
+
+func TestBenchL3FileServesWhatL1AndL2Lost(t *testing.T) {
+	cfg := smallConfig()
+	cfg.L1Tokens, cfg.L2Ratio = 1024, 1
+	cfg.L3Dir = t.TempDir()
+	cfg.Runs = []string{RunStrata}
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := rep.Runs[0]
+	if st.CorruptPages != 0 || st.HitTokens.L3 == 0 || st.L3 == nil || st.L3.BytesWritten == 0 || st.L3.Prefetch.Completed == 0 {
+		t.Fatalf("L3 run: %+v %+v", st, st.L3)
+	}
+	if len(st.L3.Pools) != 2 || !st.L3.Pools[0].Enabled || !st.L3.Pools[1].Enabled {
+		t.Fatalf("pools %+v", st.L3.Pools)
+	}
+	cfg.L3 = L3None
+	without, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if without.Runs[0].HitRatio >= st.HitRatio {
+		t.Fatalf("L3 did not raise the hit ratio: %.3f without, %.3f with", without.Runs[0].HitRatio, st.HitRatio)
+	}
+}

@@ -15,6 +15,9 @@ import (
 )
 
 func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "tiers" {
+		return runTiers(ctx, args[1:], stdout, stderr)
+	}
 	def := sim.DefaultConfig()
 	fs := newFlagSet("bench", stderr)
 	wl := fs.String("workload", "multiturn", "workload: "+strings.Join(workload.Names(), ", "))
@@ -31,6 +34,11 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	decodeMS := fs.Float64("decode-ms", 0, "modelled decode step in milliseconds (0 = the model preset's)")
 	maxRunning := fs.Int("max-running", def.MaxRunning, "most requests the simulated engine runs at once")
 	runs := fs.String("runs", "l1-only,ceiling,strata", "runs to replay, comma-separated")
+	l3 := fs.String("l3", def.L3, "strata's L3 backend: file or none")
+	l3Dir := fs.String("l3-dir", "", "file L3 directory (default: a temporary directory, removed afterwards)")
+	l3Capacity := fs.String("l3-capacity", "", "file L3 capacity, e.g. 64GiB (default: the backend's)")
+	prefetchPolicy := fs.String("prefetch-policy", def.PrefetchPolicy.String(), "best_effort, wait_complete or timeout")
+	draftPolicy := fs.String("draft-policy", def.DraftPolicy.String(), "required or best_effort")
 	jsonPath := fs.String("json", "", "write the full report as JSON to this file")
 	plotPath := fs.String("plot", "", "write a PNG of hit ratio and TTFT per run to this file")
 	// Workload shape.
@@ -72,6 +80,18 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return usagef("--eviction: %w", err)
 	}
 	cfg.Runs = splitList(*runs)
+	cfg.L3, cfg.L3Dir = *l3, *l3Dir
+	if *l3Capacity != "" {
+		if cfg.L3CapacityBytes, err = parseBytes(*l3Capacity); err != nil {
+			return usagef("--l3-capacity: %w", err)
+		}
+	}
+	if cfg.PrefetchPolicy, err = hicache.ParsePrefetchPolicy(*prefetchPolicy); err != nil {
+		return usagef("--prefetch-policy: %w", err)
+	}
+	if cfg.DraftPolicy, err = hicache.ParseDraftPolicy(*draftPolicy); err != nil {
+		return usagef("--draft-policy: %w", err)
+	}
 	gen, err := workload.ByName(*wl)
 	if err != nil {
 		return usagef("--workload: %w", err)

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/stratakv/strata/storagebench"
+)
+
+// runTiers is `strata bench tiers`: the storage micro-benchmark. It puts and gets
+// batches of pages through an L3 backend on the user's disk and prints each
+// direction beside the disk's own figure for the same job, measured in the same
+// run.
+func runTiers(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	def := storagebench.DefaultConfig()
+	fs := newFlagSet("bench tiers", stderr)
+	backend := fs.String("backend", def.Backend, "L3 backend to measure: "+strings.Join(storagebench.Backends(), ", "))
+	dir := fs.String("dir", "", "directory on the disk to measure; the run works in a fresh subdirectory (default: the system temp directory)")
+	keep := fs.Bool("keep", false, "keep the scratch subdirectory and the store's objects")
+	batches := fs.Int("batches", def.Batches, "batches to put and read back, each with distinct keys")
+	perBatch := fs.Int("pages-per-batch", def.PagesPerBatch, "pages per put and get call")
+	geometry := fs.String("geometry", def.Shape, "page shape: "+strings.Join(storagebench.ShapeNames(), ", "))
+	small := fs.Bool("small", false, "quick smoke run: the small page shape (same as --geometry "+storagebench.ShapeSmall+")")
+	exists := fs.Int("exists-calls", def.ExistsCalls, "exists calls timed for the lookup latency")
+	seed := fs.Uint64("seed", def.Seed, "seed of the tokens and page contents")
+	jsonPath := fs.String("json", "", "write the report as JSON to this file")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg := def
+	cfg.Backend, cfg.Dir, cfg.Keep = *backend, *dir, *keep
+	cfg.Batches, cfg.PagesPerBatch, cfg.ExistsCalls, cfg.Seed = *batches, *perBatch, *exists, *seed
+	cfg.Shape = *geometry
+	if *small {
+		if flagSet(fs, "geometry") && *geometry != storagebench.ShapeSmall {
+			return usagef("--small and --geometry %s disagree; give one", *geometry)
+		}
+		cfg.Shape = storagebench.ShapeSmall
+	}
+	if err := cfg.Validate(); err != nil {
+		return usageError{tiersFlagError(err)}
+	}
+	if cfg.Dir != "" {
+		if st, err := os.Stat(cfg.Dir); err != nil {
+			return usagef("--dir: %w", err)
+		} else if !st.IsDir() {
+			return usagef("--dir %s: not a directory", cfg.Dir)
+		}
+	}
+	cfg.Progress = stderr
+	rep, err := storagebench.Run(ctx, cfg)
+	if err != nil {
+		if errors.Is(err, storagebench.ErrConfig) {
+			return usageError{err}
+		}
+		return err
+	}
+	if err := rep.WriteTable(stdout); err != nil {
+		return err
+	}
+	if *jsonPath != "" {
+		if err := rep.WriteJSON(*jsonPath); err != nil {
+			return fmt.Errorf("--json: %w", err)
+		}
+	}
+	if rep.MismatchedPages > 0 {
+		return fmt.Errorf("the %s backend returned %d pages whose bytes differ from what was put", rep.Backend, rep.MismatchedPages)
+	}
+	return nil
+}
+
+// tiersFlagError names the flag a configuration error comes from.
+func tiersFlagError(err error) error {
+	msg := err.Error()
+	for _, f := range []struct{ frag, flag string }{
+		{"backend", "--backend"},
+		{"page shape", "--geometry"},
+		{"pages per batch", "--pages-per-batch"},
+		{"batches", "--batches"},
+		{"exists calls", "--exists-calls"},
+	} {
+		if strings.Contains(msg, f.frag) {
+			return fmt.Errorf("%s: %w", f.flag, err)
+		}
+	}
+	return err
+}

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestBenchTiersSmallRunWritesJSON(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath := filepath.Join(t.TempDir(), "tiers.json")
+	code, out, errs := runCLI(t, "", "bench", "tiers", "--small", "--dir", dir, "--batches", "2", "--pages-per-batch", "8",
+		"--exists-calls", "20", "--json", jsonPath)
+	if code != 0 {
+		t.Fatalf("bench tiers: exit %d, stderr %q", code, errs)
+	}
+	for _, want := range []string{"backend", "file", "peer GB/s", "put", "get", "mismatched pages: 0"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	data, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Backend         string   `json:"backend"`
+		PageBytes       int64    `json:"page_bytes"`
+		PagesPerBatch   int      `json:"pages_per_batch"`
+		Batches         int      `json:"batches"`
+		PutGBps         float64  `json:"put_gbps"`
+		GetGBps         float64  `json:"get_gbps"`
+		Peer            string   `json:"peer"`
+		PeerPutGBps     float64  `json:"peer_put_gbps"`
+		PeerGetGBps     float64  `json:"peer_get_gbps"`
+		PutRatio        float64  `json:"put_ratio"`
+		GetRatio        float64  `json:"get_ratio"`
+		ExistsP50us     float64  `json:"exists_p50_us"`
+		ExistsP99us     float64  `json:"exists_p99_us"`
+		MismatchedPages *int64   `json:"mismatched_pages"`
+		Notes           []string `json:"notes"`
+	}
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Backend != "file" || rep.PageBytes != 64<<10 || rep.PagesPerBatch != 8 || rep.Batches != 2 || rep.Peer == "" {
+		t.Errorf("report header %+v", rep)
+	}
+	for name, v := range map[string]float64{"put_gbps": rep.PutGBps, "get_gbps": rep.GetGBps, "peer_put_gbps": rep.PeerPutGBps,
+		"peer_get_gbps": rep.PeerGetGBps, "put_ratio": rep.PutRatio, "get_ratio": rep.GetRatio,
+		"exists_p50_us": rep.ExistsP50us, "exists_p99_us": rep.ExistsP99us} {
+		if !(v > 0) {
+			t.Errorf("%s = %v, want positive", name, v)
+		}
+	}
+	if rep.MismatchedPages == nil || *rep.MismatchedPages != 0 {
+		t.Errorf("mismatched_pages = %v, want 0", rep.MismatchedPages)
+	}
+	if len(rep.Notes) == 0 {
+		t.Error("no notes: the report should say whether reads bypassed the page cache")
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
+		t.Errorf("the run left %v in --dir", left)
+	}
+}
+
+func TestBenchTiersBadFlagsExitTwo(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--backend", "redis"}, "--backend: backend \"redis\": the storage benchmark can measure file"},
+		{[]string{"--batches", "0"}, "--batches"},
+		{[]string{"--pages-per-batch", "200"}, "--pages-per-batch"},
+		{[]string{"--pages-per-batch", "x"}, "pages-per-batch"},
+		{[]string{"--geometry", "gpt-5"}, "--geometry"},
+		{[]string{"--small", "--geometry", "llama-3-8b"}, "disagree"},
+		{[]string{"--exists-calls", "-3"}, "--exists-calls"},
+		{[]string{"--nope"}, "nope"},
+		{[]string{"extra"}, "unexpected argument"},
+		{[]string{"--dir", filepath.Join(dir, "missing")}, "--dir"},
+	} {
+		code, out, errs := runCLI(t, "", append([]string{"bench", "tiers"}, c.args...)...)
+		if code != 2 || out != "" || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, c.msg) {
+			t.Errorf("bench tiers %v: exit %d, stdout %q, stderr %q (want 2 and one line naming %q)", c.args, code, out, errs, c.msg)
+		}
+	}
+	if code, _, errs := runCLI(t, "", "bench", "tiers", "-h"); code != 0 || !strings.Contains(errs, "pages-per-batch") {
+		t.Errorf("bench tiers -h: exit %d, stderr %q", code, errs)
+	}
+}

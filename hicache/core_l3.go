@@ -1,0 +1,234 @@
+package hicache
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/stratakv/strata/pagekey"
+	"github.com/stratakv/strata/pool"
+	"github.com/stratakv/strata/radix"
+)
+
+// pageKeys returns the keys of pages [cached, upto) of tokens in namespace seed,
+// chained from last, the key of page cached-1 (rehashing from the seed when the
+// tree did not keep it).
+func (c *core[E]) pageKeys(seed pagekey.Key, tokens []uint32, cached int, last pagekey.Key, upto int) []pagekey.Key {
+	if upto <= cached {
+		return nil
+	}
+	ps := c.cfg.PageSize
+	start, prior := cached, last
+	if cached == 0 || last.IsZero() {
+		start, prior = 0, seed
+	}
+	end := upto * ps
+	if c.cfg.Bigram {
+		end++
+	}
+	keys := c.hasher.Keys(prior, tokens[start*ps:end])
+	return keys[cached-start:]
+}
+
+// freeHost returns host pages to the group; an error is a bug in the accounting.
+func (c *core[E]) freeHost(pages []pool.PageID) {
+	if err := c.host.Free(pages); err != nil {
+		panic(fmt.Sprintf("hicache: freeing host pages the group did not hand out: %v", err))
+	}
+}
+
+// backupToL3 queues nodes whose L2 pages are complete for backup to L3. A node is
+// host-referenced until its job is accounted for, so its L2 pages stay put.
+func (c *core[E]) backupToL3(nodes []*radix.Node[E]) {
+	if c.l3 == nil || !c.l3.enabled {
+		return
+	}
+	limit := c.l3.cfg.BackupQueuePages
+	if limit == 0 {
+		limit = c.host.Pages()
+	}
+	for _, n := range nodes {
+		if !n.InTree() || n.Host() == nil {
+			continue
+		}
+		pages := n.Pages()
+		if c.l3.down() || c.l3.backupPending+pages > limit {
+			c.l3.st.BackupSkippedPages += int64(pages)
+			continue
+		}
+		keys := c.tree.AppendPageKeys(nil, n)
+		if slices.ContainsFunc(keys, pagekey.Key.IsZero) {
+			continue // inserted without keys: nothing to name it by
+		}
+		_ = c.tree.HostRef(n)
+		job := &backupJob{node: n, keys: keys, host: slices.Clone(n.Host())}
+		if !c.l3.enqueue(job) {
+			_ = c.tree.HostUnref(n)
+			c.l3.st.BackupSkippedPages += int64(pages)
+			continue
+		}
+		c.l3.backupPending += pages
+	}
+}
+
+// prefetch starts an L3 lookup for the pages of tokens that L1 and L2 lack.
+func (c *core[E]) prefetch(tokens []uint32, ns pagekey.Namespace, cache *Cache) *Prefetch {
+	if c.l3 == nil || !c.l3.enabled {
+		return nil
+	}
+	ps := c.cfg.PageSize
+	seed := c.hasher.Seed(ns)
+	pages := c.cfg.pages(len(tokens))
+	cached, last := c.tree.PeekKey(seed, c.toKey(tokens))
+	if cached >= pages {
+		return nil
+	}
+	st := &c.l3.st.Prefetch
+	if (pages-cached)*ps < c.l3.cfg.PrefetchThreshold {
+		st.Started++
+		st.BelowThreshold++
+		return nil
+	}
+	keys := c.pageKeys(seed, tokens, cached, last, pages)
+	if op := c.l3.inflight[keys[0]]; op != nil && !op.abandoned && op.ns == seed && op.from == cached {
+		op.waiters++
+		st.Joined++
+		return &Prefetch{op: op, cache: cache, Tokens: len(op.keys) * ps}
+	}
+	st.Started++
+	if c.l3.down() {
+		st.Failed++
+		return nil
+	}
+	op := &prefetchOp{
+		ns:       seed,
+		tokens:   slices.Clone(tokens),
+		from:     cached,
+		keys:     keys,
+		started:  time.Now(),
+		deadline: time.Now().Add(c.l3.cfg.deadline((pages - cached) * ps)),
+		done:     make(chan struct{}),
+		waiters:  1,
+	}
+	op.ctx, op.cancel = context.WithCancel(c.l3.ctx)
+	op.reserve = func(n int) []pool.PageID {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if op.abandoned {
+			return nil
+		}
+		n = min(n, int(c.l3.cfg.PrefetchCapacity*float64(c.host.Pages()))-c.l3.reserved)
+		if n <= 0 {
+			return nil
+		}
+		host, ok := c.allocHost(n)
+		if !ok {
+			if host, ok = c.allocHost(min(n, c.host.FreePages())); !ok {
+				return nil
+			}
+		}
+		c.l3.reserved += len(host)
+		return host
+	}
+	op.release = func() {
+		if op.taken {
+			return
+		}
+		c.freeHost(op.host[:op.usable])
+		c.l3.reserved -= op.usable
+		op.staged = false
+	}
+	c.l3.inflight[keys[0]] = op
+	if !c.l3.enqueue(op) {
+		op.setOutcome(outcomeFailed)
+		op.elapsed.Store(1)
+		c.l3.dmu.Lock()
+		c.l3.done = append(c.l3.done, op)
+		c.l3.dmu.Unlock()
+		close(op.done)
+	}
+	return &Prefetch{op: op, cache: cache, Tokens: (pages - cached) * ps}
+}
+
+// settlePrefetch accounts for a finished prefetch: its pages become L2 pages of
+// the tree when every pool has them, are kept for the first request to load when a
+// draft pool's KV is missing, and are returned otherwise.
+func (c *core[E]) settlePrefetch(op *prefetchOp) {
+	if op.accounted {
+		return
+	}
+	op.accounted = true
+	if c.l3.inflight[op.keys[0]] == op {
+		delete(c.l3.inflight, op.keys[0])
+	}
+	st := &c.l3.st.Prefetch
+	o := outcome(op.result.Load())
+	ps := c.cfg.PageSize
+	giveBack := func(pages []pool.PageID) {
+		c.freeHost(pages)
+		c.l3.reserved -= len(pages)
+	}
+	if op.abandoned || op.usable == 0 {
+		giveBack(op.host)
+		c.countOutcome(o)
+		return
+	}
+	giveBack(op.host[op.usable:])
+	if c.l3.partial || op.draftUsable < op.usable {
+		op.staged = true
+		if op.waiters == 0 {
+			op.abandoned = true
+			op.release()
+		}
+		c.countOutcome(o)
+		return
+	}
+	end := op.from + op.usable
+	keys := make([]pagekey.Key, end)
+	copy(keys[op.from:], op.keys[:op.usable])
+	_, dup, err := c.tree.InsertHost(op.ns, c.toKey(op.tokens)[:end*ps], op.host[:op.usable], keys)
+	if err != nil {
+		giveBack(op.host[:op.usable])
+		st.Stale++
+		return
+	}
+	giveBack(dup)
+	c.l3.reserved -= op.usable - len(dup) // the rest now belongs to the tree
+	op.inserted = op.usable - len(dup)
+	c.l3.st.PrefetchedTokens += int64((op.usable - len(dup)) * ps)
+	c.countOutcome(o)
+}
+
+func (c *core[E]) countOutcome(o outcome) {
+	st := &c.l3.st.Prefetch
+	switch o {
+	case outcomeCompleted:
+		st.Completed++
+	case outcomeTimedOut:
+		st.TimedOut++
+	case outcomeCanceled:
+		st.Canceled++
+	case outcomeBelowThreshold:
+		st.BelowThreshold++
+	case outcomeNoRoom:
+		st.NoRoom++
+	case outcomeStale:
+		st.Stale++
+	default:
+		st.Failed++
+	}
+}
+
+// releaseOwned frees the pages the cache loaded for r alone (not the tree's).
+func (c *core[E]) releaseOwned(r *Request) error {
+	if len(r.DevicePages) > r.owned {
+		if err := c.dev.Pages.Free(r.DevicePages[r.owned:]); err != nil {
+			return fmt.Errorf("free the request's loaded pages: %w", err)
+		}
+		r.DevicePages = r.DevicePages[:r.owned]
+	}
+	return nil
+}
+
+func (c *core[E]) l3Idle() bool { return c.l3 == nil || c.l3.idle() }

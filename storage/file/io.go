@@ -1,0 +1,390 @@
+package file
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
+	"golang.org/x/sys/unix"
+
+	"github.com/stratakv/strata/kvlayout"
+	"github.com/stratakv/strata/storage"
+)
+
+const (
+	// blockSize is the alignment of O_DIRECT offsets, lengths and buffers. Devices
+	// with 512-byte logical blocks accept it too.
+	blockSize = 4096
+	// bounceBytes is the aligned buffer that carries the unaligned edges of a body
+	// under O_DIRECT, per I/O worker. Bodies in unaligned host memory move through
+	// it in chunks of this size.
+	bounceBytes = 256 << 10
+	// maxIovecs is Linux's IOV_MAX: the most runs one preadv/pwritev takes.
+	maxIovecs = 1024
+)
+
+func roundUp(n, to int64) int64   { return (n + to - 1) / to * to }
+func roundDown(n, to int64) int64 { return n / to * to }
+
+// body is the bytes of one object part in host memory: runs of the pool's region,
+// concatenated in layout order.
+type body struct {
+	runs   [][]byte
+	starts []int64 // body offset of each run
+	n      int64
+}
+
+// setSpan points b at the runs of span s in mem, reusing b's slices.
+func (b *body) setSpan(mem []byte, s kvlayout.Span) {
+	b.runs, b.starts, b.n = b.runs[:0], b.starts[:0], 0
+	if s.Contiguous() {
+		b.add(mem[s.Offset : s.Offset+s.Bytes() : s.Offset+s.Bytes()])
+		return
+	}
+	for r := 0; r < s.Count; r++ {
+		off := s.Offset + int64(r)*s.Stride
+		b.add(mem[off : off+s.RunBytes : off+s.RunBytes])
+	}
+}
+
+func (b *body) add(run []byte) {
+	b.runs = append(b.runs, run)
+	b.starts = append(b.starts, b.n)
+	b.n += int64(len(run))
+}
+
+// sum is the xxh3-64 of the body's bytes.
+func (b *body) sum() uint64 {
+	if len(b.runs) == 1 {
+		return xxh3.Hash(b.runs[0])
+	}
+	h := xxh3.New()
+	for _, r := range b.runs {
+		_, _ = h.Write(r)
+	}
+	return h.Sum64()
+}
+
+// run returns the index of the run that holds body offset off.
+func (b *body) run(off int64) int {
+	return sort.Search(len(b.starts), func(i int) bool { return b.starts[i] > off }) - 1
+}
+
+// copyOut fills dst with the body's bytes from offset off, zero past the end.
+func (b *body) copyOut(dst []byte, off int64) {
+	for len(dst) > 0 && off < b.n {
+		r := b.run(off)
+		n := copy(dst, b.runs[r][off-b.starts[r]:])
+		dst, off = dst[n:], off+int64(n)
+	}
+	clear(dst)
+}
+
+// copyIn stores src as the body's bytes from offset off, dropping what lies past the end.
+func (b *body) copyIn(src []byte, off int64) {
+	for len(src) > 0 && off < b.n {
+		r := b.run(off)
+		n := copy(b.runs[r][off-b.starts[r]:], src)
+		src, off = src[n:], off+int64(n)
+	}
+}
+
+// segment is a block-aligned range of a body under O_DIRECT: either host memory
+// that the device can reach directly (mem) or a range that goes through the
+// bounce buffer (mem nil).
+type segment struct {
+	off, n int64
+	mem    []byte
+}
+
+// planDirect splits the body, padded to whole blocks, into segments: the blocks
+// that lie inside one run at an address with the same alignment as their file
+// offset move straight between the device and host memory; the rest (run edges,
+// small or misaligned runs, the final partial block) use the bounce buffer.
+func planDirect(b *body, dst []segment) []segment {
+	dst = dst[:0]
+	var at int64 // end of the last segment
+	for i, run := range b.runs {
+		if len(run) == 0 {
+			continue
+		}
+		start, end := b.starts[i], b.starts[i]+int64(len(run))
+		addr := int64(uintptr(unsafe.Pointer(unsafe.SliceData(run))) % blockSize)
+		// File offset headerSize+start is aligned exactly when start is.
+		if addr != start%blockSize {
+			continue
+		}
+		lo, hi := roundUp(start, blockSize), roundDown(end, blockSize)
+		if hi <= lo {
+			continue
+		}
+		if lo > at {
+			dst = append(dst, segment{off: at, n: lo - at})
+		}
+		dst = append(dst, segment{off: lo, n: hi - lo, mem: run[lo-start : hi-start : hi-start]})
+		at = hi
+	}
+	if padded := roundUp(b.n, blockSize); at < padded {
+		dst = append(dst, segment{off: at, n: padded - at})
+	}
+	return dst
+}
+
+// ioBuf is one I/O worker's scratch: an aligned header block, an aligned bounce
+// buffer (allocated on first direct I/O) and reusable slices.
+type ioBuf struct {
+	hdr    []byte
+	bounce []byte
+	body   body
+	segs   []segment
+	iovs   [][]byte
+	pend   []pending
+}
+
+// pending is a bounce chunk read from disk, to copy into the body after the read.
+type pending struct {
+	chunk []byte
+	off   int64
+}
+
+func newIOBuf() *ioBuf { return &ioBuf{hdr: alignedBytes(headerSize)} }
+
+func (b *ioBuf) bounceBuf() []byte {
+	if b.bounce == nil {
+		b.bounce = alignedBytes(bounceBytes)
+	}
+	return b.bounce
+}
+
+// alignedBytes returns n bytes at a blockSize-aligned address. The Go heap does not
+// move objects, so the alignment holds for the slice's life.
+func alignedBytes(n int) []byte {
+	raw := make([]byte, n+blockSize)
+	skip := (blockSize - int(uintptr(unsafe.Pointer(unsafe.SliceData(raw)))%blockSize)) % blockSize
+	return raw[skip : skip+n : skip+n]
+}
+
+// writeFile writes the header block b.hdr and the body to fd from offset 0. Under
+// direct the file is padded to whole blocks and truncated to its length after.
+func writeFile(fd int, b *ioBuf, direct bool) error {
+	bd := &b.body
+	if !direct {
+		iovs := append(b.iovs[:0], b.hdr)
+		iovs = append(iovs, bd.runs...)
+		b.iovs = iovs
+		return pwritevAll(fd, iovs, 0)
+	}
+	b.segs = planDirect(bd, b.segs)
+	bounce := b.bounceBuf()
+	iovs := append(b.iovs[:0], b.hdr)
+	fileOff, queued, used := int64(0), int64(headerSize), 0
+	flush := func() error {
+		if err := pwritevAll(fd, iovs, fileOff); err != nil {
+			return err
+		}
+		fileOff += queued
+		iovs, queued, used = iovs[:0], 0, 0
+		return nil
+	}
+	for _, s := range b.segs {
+		if s.mem != nil {
+			iovs = append(iovs, s.mem)
+			queued += s.n
+		} else {
+			for off, end := s.off, s.off+s.n; off < end; {
+				if used == len(bounce) {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
+				k := min(end-off, int64(len(bounce)-used))
+				chunk := bounce[used : used+int(k)]
+				bd.copyOut(chunk, off)
+				iovs = append(iovs, chunk)
+				queued += k
+				used += int(k)
+				off += k
+				if len(iovs) == maxIovecs {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		if len(iovs) == maxIovecs {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if len(iovs) > 0 {
+		if err := flush(); err != nil {
+			return err
+		}
+	}
+	b.iovs = iovs
+	if want := headerSize + bd.n; fileOff != want {
+		return retryEINTR(func() error { return unix.Ftruncate(fd, want) })
+	}
+	return nil
+}
+
+// readFile reads the header block into b.hdr and a body of size-headerSize bytes
+// into b.body from fd, whose length is size. It reports io.ErrUnexpectedEOF when
+// the file turns out shorter.
+func readFile(fd int, b *ioBuf, size int64, direct bool) error {
+	bd := &b.body
+	if !direct {
+		iovs := append(b.iovs[:0], b.hdr)
+		iovs = append(iovs, bd.runs...)
+		b.iovs = iovs
+		return preadvFull(fd, iovs, 0, size)
+	}
+	b.segs = planDirect(bd, b.segs)
+	bounce := b.bounceBuf()
+	iovs := append(b.iovs[:0], b.hdr)
+	pend := b.pend[:0]
+	fileOff, queued, used := int64(0), int64(headerSize), 0
+	flush := func() error {
+		want := min(queued, size-fileOff)
+		if err := preadvFull(fd, iovs, fileOff, want); err != nil {
+			return err
+		}
+		for _, p := range pend {
+			bd.copyIn(p.chunk, p.off)
+		}
+		fileOff += queued
+		iovs, pend, queued, used = iovs[:0], pend[:0], 0, 0
+		return nil
+	}
+	for _, s := range b.segs {
+		if s.mem != nil {
+			iovs = append(iovs, s.mem)
+			queued += s.n
+		} else {
+			for off, end := s.off, s.off+s.n; off < end; {
+				if used == len(bounce) {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
+				k := min(end-off, int64(len(bounce)-used))
+				chunk := bounce[used : used+int(k)]
+				iovs = append(iovs, chunk)
+				pend = append(pend, pending{chunk: chunk, off: off})
+				queued += k
+				used += int(k)
+				off += k
+				if len(iovs) == maxIovecs {
+					if err := flush(); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		if len(iovs) == maxIovecs {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	var err error
+	if len(iovs) > 0 {
+		err = flush()
+	}
+	b.iovs, b.pend = iovs, pend
+	return err
+}
+
+// pwritevAll writes every byte of iovs at off, in calls of at most maxIovecs runs,
+// resuming after short writes.
+func pwritevAll(fd int, iovs [][]byte, off int64) error {
+	for len(iovs) > 0 {
+		batch := iovs[:min(len(iovs), maxIovecs)]
+		n, err := pwritev(fd, batch, off)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return io.ErrShortWrite
+		}
+		off += int64(n)
+		iovs = advance(iovs, n)
+	}
+	return nil
+}
+
+// preadvFull reads want bytes into the front of iovs from off (the file may end
+// inside the last run, as an O_DIRECT read of a padded final block does).
+func preadvFull(fd int, iovs [][]byte, off, want int64) error {
+	for want > 0 {
+		batch := iovs[:min(len(iovs), maxIovecs)]
+		n, err := preadv(fd, batch, off)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		off += int64(n)
+		want -= int64(n)
+		iovs = advance(iovs, n)
+	}
+	return nil
+}
+
+// advance drops the first n bytes of iovs. It may shorten iovs[0] in place, which
+// callers allow: every iovs slice is scratch built per call.
+func advance(iovs [][]byte, n int) [][]byte {
+	for n > 0 && len(iovs) > 0 {
+		if n < len(iovs[0]) {
+			iovs[0] = iovs[0][n:]
+			return iovs
+		}
+		n -= len(iovs[0])
+		iovs = iovs[1:]
+	}
+	for len(iovs) > 0 && len(iovs[0]) == 0 {
+		iovs = iovs[1:]
+	}
+	return iovs
+}
+
+func pwritev(fd int, iovs [][]byte, off int64) (int, error) {
+	for {
+		n, err := unix.Pwritev(fd, iovs, off)
+		if err != unix.EINTR {
+			return n, err
+		}
+	}
+}
+
+func preadv(fd int, iovs [][]byte, off int64) (int, error) {
+	for {
+		n, err := unix.Preadv(fd, iovs, off)
+		if err != unix.EINTR {
+			return n, err
+		}
+	}
+}
+
+func retryEINTR(f func() error) error {
+	for {
+		if err := f(); err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+// ioError classifies a failed syscall on path for the caller: device or quota full
+// is storage.ErrNoSpace, anything else storage.ErrIO. The errno stays in the chain.
+func ioError(op, path string, err error) error {
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		return fmt.Errorf("file store: %s %s: %w; free space on the device or lower CapacityBytes below its free space: %w",
+			op, path, err, storage.ErrNoSpace)
+	}
+	return fmt.Errorf("file store: %s %s: %w: %w", op, path, err, storage.ErrIO)
+}

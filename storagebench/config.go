@@ -1,0 +1,160 @@
+// Package storagebench measures an L3 backend on the user's own hardware: batch Put
+// and Get of whole pages between a host pool and the backend, each set beside its
+// physical limit measured in the same run (the same bytes moved by the same number
+// of streams with no store on top), so that the figures are ratios that survive a
+// different disk or a noisy machine. `strata bench tiers` runs it.
+package storagebench
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/stratakv/strata/kvlayout"
+	"github.com/stratakv/strata/storage"
+)
+
+// ErrConfig reports a benchmark configuration that cannot run; the message says
+// which setting to change.
+var ErrConfig = errors.New("invalid storage benchmark configuration")
+
+// Shape is the page a run moves: a model's KV geometry on one rank and the page
+// size in tokens. Pools are laid out page_first, so each part of a page's object
+// is one contiguous run of host memory.
+type Shape struct {
+	// Name selects the shape on the command line.
+	Name string `json:"name"`
+	// Geometry is the model's KV geometry.
+	Geometry kvlayout.Geometry `json:"geometry"`
+	// PageSize is tokens per page.
+	PageSize int `json:"pageSize"`
+	// About says what the shape stands for.
+	About string `json:"about"`
+}
+
+// PageBytes is one page across every layer and part.
+func (s Shape) PageBytes() int64 { return int64(s.PageSize) * int64(s.Geometry.TokenBytes()) }
+
+// PartBytes is one part (K, V or the MLA latent) of one page: one object.
+func (s Shape) PartBytes() int64 {
+	return int64(s.PageSize) * int64(s.Geometry.Layers) * int64(s.Geometry.TokenLayerBytes())
+}
+
+// Shape names.
+const (
+	// ShapeLlama3 is Llama-3-8B: 32 layers, 8 KV heads of 128, bf16, 64-token pages:
+	// 4 MiB of K and 4 MiB of V per page. The default.
+	ShapeLlama3 = "llama-3-8b"
+	// ShapeDeepSeekV3 is DeepSeek-V3 MLA: 61 layers, latent 512+64, bf16, 64-token
+	// pages: one 4.3 MiB object per page.
+	ShapeDeepSeekV3 = "deepseek-v3"
+	// ShapeSmall is a toy page (32 KiB parts) for smoke tests that finish in seconds.
+	// Small objects make the run about per-file costs (create, fsync) rather than
+	// bandwidth; do not read its GB/s as the disk's.
+	ShapeSmall = "small"
+)
+
+var shapes = []Shape{
+	{Name: ShapeLlama3, Geometry: kvlayout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, PageSize: 64,
+		About: "Llama-3-8B, 32 layers, 8 KV heads x 128, bf16"},
+	{Name: ShapeDeepSeekV3, Geometry: kvlayout.Geometry{Layers: 61, MLA: true, LatentDim: 576, DTypeBytes: 2}, PageSize: 64,
+		About: "DeepSeek-V3 MLA, 61 layers, latent 576, bf16"},
+	{Name: ShapeSmall, Geometry: kvlayout.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DTypeBytes: 2}, PageSize: 64,
+		About: "toy page for smoke tests, 2 layers, 2 KV heads x 64, bf16"},
+}
+
+// Shapes lists the page shapes a run can use, default first.
+func Shapes() []Shape { return slices.Clone(shapes) }
+
+// ShapeNames lists the shapes' names, default first.
+func ShapeNames() []string {
+	out := make([]string, len(shapes))
+	for i, s := range shapes {
+		out[i] = s.Name
+	}
+	return out
+}
+
+// ShapeByName returns the shape called name.
+func ShapeByName(name string) (Shape, error) {
+	for _, s := range shapes {
+		if s.Name == name {
+			return s, nil
+		}
+	}
+	return Shape{}, fmt.Errorf("page shape %q: want one of %s: %w", name, strings.Join(ShapeNames(), ", "), ErrConfig)
+}
+
+// Config describes one benchmark run. The zero value is not valid; start from
+// DefaultConfig.
+type Config struct {
+	// Backend names the backend to measure: one of Backends(). Ignored when
+	// NewTarget is set.
+	Backend string `json:"backend"`
+	// NewTarget builds the target instead of Backend's built-in one: for tests and
+	// for backends that need settings of their own (an address, credentials).
+	NewTarget TargetFunc `json:"-"`
+	// Dir is where the run's scratch directory is made; "" means os.TempDir(). For
+	// the file backend this picks the disk that is measured. The run needs about
+	// three times the bytes it writes free there (the store, its peer, the
+	// one-stream figure).
+	Dir string `json:"dir"`
+	// Keep leaves the scratch directory and the store's objects in place.
+	Keep bool `json:"keep"`
+	// Shape is the page moved: one of ShapeNames().
+	Shape string `json:"shape"`
+	// PagesPerBatch is the pages of one Put or Get call, at most storage.MaxBatch.
+	PagesPerBatch int `json:"pagesPerBatch"`
+	// Batches is the number of Put (then Get) calls. Each batch has distinct keys,
+	// so Batches × PagesPerBatch pages are written.
+	Batches int `json:"batches"`
+	// ExistsCalls is how many Exists calls (each of one batch's keys) time the
+	// lookup latency.
+	ExistsCalls int `json:"existsCalls"`
+	// Seed makes the tokens, hence the keys, and the page contents.
+	Seed uint64 `json:"seed"`
+	// Progress, when set, receives a line as each phase starts.
+	Progress io.Writer `json:"-"`
+	// Available reports the host memory the run may take; nil means
+	// hostmem.AvailableBytes. The host pool holds every batch when that fits in half
+	// of it, else one batch whose pages are refilled for each.
+	Available func() (int64, error) `json:"-"`
+}
+
+// DefaultConfig is the full run: the file backend in the system temp directory,
+// 4 batches of 128 Llama-3-8B pages (4 GiB written and read back) and 200 Exists
+// calls.
+func DefaultConfig() Config {
+	return Config{
+		Backend:       BackendFile,
+		Shape:         ShapeLlama3,
+		PagesPerBatch: storage.MaxBatch,
+		Batches:       4,
+		ExistsCalls:   200,
+		Seed:          1,
+	}
+}
+
+// Validate reports whether c can run.
+func (c Config) Validate() error {
+	if c.NewTarget == nil {
+		if _, err := targetByName(c.Backend); err != nil {
+			return err
+		}
+	}
+	if _, err := ShapeByName(c.Shape); err != nil {
+		return err
+	}
+	if c.PagesPerBatch < 1 || c.PagesPerBatch > storage.MaxBatch {
+		return fmt.Errorf("%d pages per batch: want 1 to %d: %w", c.PagesPerBatch, storage.MaxBatch, ErrConfig)
+	}
+	if c.Batches < 1 || c.Batches > 1<<16 {
+		return fmt.Errorf("%d batches: want 1 to %d: %w", c.Batches, 1<<16, ErrConfig)
+	}
+	if c.ExistsCalls < 0 || c.ExistsCalls > 1<<20 {
+		return fmt.Errorf("%d exists calls: want 0 to %d: %w", c.ExistsCalls, 1<<20, ErrConfig)
+	}
+	return nil
+}

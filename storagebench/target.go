@@ -1,0 +1,91 @@
+package storagebench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/stratakv/strata/storage"
+)
+
+// Peer is the physical limit a backend is measured against: the same bytes moved
+// the same way with no store on top (for the file backend, the disk written and
+// read directly by as many streams as the store uses). A Peer measures its own
+// time so that its setup and clean-up stay out of the figure.
+type Peer interface {
+	// Name says what the peer does, for the report ("o_direct, 4 writers, file per chunk").
+	Name() string
+	// Write stores every chunk of src and returns the time that took, durably if the
+	// backend's puts are durable.
+	Write(ctx context.Context, src [][]byte) (time.Duration, error)
+	// Read reads back, into dst, the next len(dst) chunks in the order Write stored
+	// them (continuing where the last Read stopped) and returns the time that took.
+	// dst[i] must be as long as the chunk it receives.
+	Read(ctx context.Context, dst [][]byte) (time.Duration, error)
+	// Close removes what the peer stored.
+	Close() error
+}
+
+// Target is a backend to measure and the peers it is measured against.
+type Target struct {
+	// Name is the backend's name in the report.
+	Name string
+	// New opens the backend. The run closes it.
+	New func(ctx context.Context) (storage.Backend, error)
+	// Peer is the limit the ratios are taken against: the same job, same streams.
+	Peer Peer
+	// Stream, when set, is a second peer reported beside the first: the medium with
+	// one stream (for a disk, one file written and read sequentially), the figure a
+	// user compares with dd or fio.
+	Stream Peer
+	// DropCache, when set, runs between the puts and the gets to evict what the
+	// puts left in caches the gets would otherwise be served from (the kernel's page
+	// cache over a file store written without O_DIRECT).
+	DropCache func(ctx context.Context) error
+	// Notes are things the report should say about how this target was measured.
+	Notes []string
+	// Describe is a short description of the backend's settings for the report
+	// ("O_DIRECT, 4 I/O workers, fsync per object").
+	Describe string
+}
+
+// Scratch is what a target is built from for one run.
+type Scratch struct {
+	// Dir is a fresh directory for the run. The target may fill it; the run removes
+	// it afterwards unless the user asked to keep it.
+	Dir string
+	// Bytes is how many object bytes the run will put, to size the store.
+	Bytes int64
+}
+
+// TargetFunc builds a Target for one run.
+type TargetFunc func(s Scratch) (Target, error)
+
+// Backend names.
+const (
+	// BackendFile is storage/file: objects as files in a directory on a local disk.
+	BackendFile = "file"
+)
+
+var builtinTargets = map[string]TargetFunc{
+	BackendFile: FileTarget,
+}
+
+// Backends lists the backends a run can measure by name.
+func Backends() []string {
+	out := make([]string, 0, len(builtinTargets))
+	for n := range builtinTargets {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func targetByName(name string) (TargetFunc, error) {
+	if f, ok := builtinTargets[name]; ok {
+		return f, nil
+	}
+	return nil, fmt.Errorf("backend %q: the storage benchmark can measure %s: %w", name, strings.Join(Backends(), ", "), ErrConfig)
+}
