@@ -162,12 +162,14 @@ func (c *core[E]) match(tokens []uint32, opts MatchOptions) (*Request, error) {
 
 // takeStaged loads the pages a prefetch kept for its first request (L3 pages
 // whose draft KV is missing) into fresh L1 pages after the request's prefix, when
-// the prefetch started from exactly that prefix.
+// they continue exactly that prefix: the prefetch started at or before its end
+// (pages the tree has cached meanwhile are dropped from the staged ones).
 func (c *core[E]) takeStaged(r *Request, op *prefetchOp, prefix int) error {
-	if !op.staged || op.taken || op.abandoned || op.from != prefix || op.ns != r.ns || op.usable == 0 {
+	if !op.staged || op.taken || op.abandoned || op.ns != r.ns || op.from > prefix || prefix >= op.from+op.usable {
 		return nil
 	}
-	n := op.usable
+	skip := prefix - op.from // staged pages the tree now has
+	n := op.usable - skip
 	dev, err := c.allocDevice(n)
 	if errors.Is(err, ErrDeviceFull) {
 		return nil // no room: the request recomputes, the pages are released below
@@ -177,21 +179,23 @@ func (c *core[E]) takeStaged(r *Request, op *prefetchOp, prefix int) error {
 	}
 	moves := make([]pool.PageMove, n)
 	for i := range moves {
-		moves[i] = pool.PageMove{Device: dev[i], Host: op.host[i]}
+		moves[i] = pool.PageMove{Device: dev[i], Host: op.host[skip+i]}
 	}
 	t, err := c.copier.Load(c.dev, c.host, moves)
 	if err != nil {
 		return errors.Join(fmt.Errorf("load %d prefetched pages: %w", n, err), c.dev.Pages.Free(dev))
 	}
 	op.taken = true
-	c.ops = append(c.ops, copyOp[E]{kind: opLoadStaged, t: t, pages: n, staged: op.host[:n]})
+	c.freeHost(op.host[:skip])
+	c.l3.reserved -= skip
+	c.ops = append(c.ops, copyOp[E]{kind: opLoadStaged, t: t, pages: n, staged: op.host[skip:op.usable]})
 	r.loads = append(r.loads, t)
 	r.DevicePages = append(r.DevicePages, dev...)
 	ps := c.cfg.PageSize
 	r.L3Tokens += n * ps
-	valid := 0 // leading staged pages whose draft KV arrived too
+	valid := 0 // leading loaded pages whose draft KV arrived too
 	if !c.l3.partial {
-		valid = min(op.draftUsable, n)
+		valid = min(max(op.draftUsable-skip, 0), n)
 	}
 	r.DraftRecomputeFrom = (prefix + valid) * ps
 	r.DraftRecomputeTokens = (n - valid) * ps

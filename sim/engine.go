@@ -59,6 +59,7 @@ type engineSim struct {
 	maxRunning int
 	run        cacheRun
 	progress   *Progress
+	ttfts      []float64 // every admitted request's modelled TTFT, in ms
 }
 
 type finishQueue []*active
@@ -78,7 +79,6 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 	var (
 		running finishQueue
 		waiting []*active
-		ttfts   []float64
 		next    int
 		now     time.Duration
 		done    int
@@ -152,7 +152,7 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 			// The prefetch runs while the request queues; only what outlasts the
 			// queueing delays the first token.
 			ttft := queued + compute + a.loadWall + max(0, a.fetchWall-queued)
-			ttfts = append(ttfts, float64(ttft)/float64(time.Millisecond))
+			e.ttfts = append(e.ttfts, float64(ttft)/float64(time.Millisecond))
 			out.HitTokens.L1 += int64(a.hitL1)
 			out.HitTokens.L2 += int64(a.hitL2)
 			out.HitTokens.L3 += int64(a.hitL3)
@@ -164,7 +164,7 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 	if out.PromptTokens > 0 {
 		out.HitRatio = float64(out.HitTokens.Total()) / float64(out.PromptTokens)
 	}
-	out.TTFTms = quantiles(ttfts)
+	out.TTFTms = quantiles(append([]float64(nil), e.ttfts...))
 	out.Elapsed = Duration(time.Since(start))
 	e.run.report(out)
 	return nil

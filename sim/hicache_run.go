@@ -6,15 +6,18 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/stratakv/strata/hicache"
 	"github.com/stratakv/strata/hostmem"
 	"github.com/stratakv/strata/kvlayout"
+	"github.com/stratakv/strata/node"
 	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 	"github.com/stratakv/strata/storage"
 	"github.com/stratakv/strata/storage/file"
+	"github.com/stratakv/strata/storage/nodeclient"
 )
 
 // hicacheRun serves the trace through a hicache.Cache over stand-in device pools
@@ -29,7 +32,12 @@ type hicacheRun struct {
 	cleanup  func() error // removes a temporary L3 directory
 	ps       int
 	l3       string
+	own      map[uint64]struct{} // prefixes this engine computed, when tracked
+	cross    int64               // L3 hit tokens of pages another engine computed
 }
+
+// trackOwn makes the run count L3 hits of pages it never computed itself.
+func (h *hicacheRun) trackOwn() { h.own = map[uint64]struct{}{} }
 
 type hicacheState struct {
 	r        *hicache.Request
@@ -110,8 +118,50 @@ func newBackend(cfg Config, log *slog.Logger) (storage.Backend, func() error, er
 			return nil, nil, errors.Join(err, cleanup())
 		}
 		return b, cleanup, nil
+	case L3Node:
+		socket, cleanup := cfg.NodeSocket, func() error { return nil }
+		if socket == "" {
+			srv, dir, err := startEmbeddedNode(cfg, log)
+			if err != nil {
+				return nil, nil, err
+			}
+			socket = srv.Socket()
+			cleanup = func() error { return errors.Join(srv.Close(), os.RemoveAll(dir)) }
+		}
+		nc := nodeclient.DefaultConfig(socket)
+		nc.ClientName = fmt.Sprintf("strata-bench-%d", os.Getpid())
+		nc.Logger = log
+		b, err := nodeclient.New(nc)
+		if err != nil {
+			return nil, nil, errors.Join(err, cleanup())
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := b.WaitConnected(ctx); err != nil {
+			return nil, nil, errors.Join(fmt.Errorf("node service at %s: %w", socket, err), b.Close(), cleanup())
+		}
+		return b, func() error { return cleanup() }, nil
 	}
 	return nil, nil, fmt.Errorf("L3 backend %q: %w", cfg.L3, ErrConfig)
+}
+
+// startEmbeddedNode runs a node service in this process, on a socket and with an
+// SSD spill directory in a fresh temporary directory.
+func startEmbeddedNode(cfg Config, log *slog.Logger) (*node.Server, string, error) {
+	dir, err := os.MkdirTemp("", "strata-node-")
+	if err != nil {
+		return nil, "", fmt.Errorf("node service directory: %w", err)
+	}
+	nc := node.DefaultConfig(filepath.Join(dir, "strata.sock"))
+	nc.Admin = ""
+	nc.ArenaBytes = cfg.NodeArenaBytes
+	nc.SpillDir = filepath.Join(dir, "spill")
+	nc.Logger = log
+	srv, err := node.New(nc)
+	if err != nil {
+		return nil, "", errors.Join(err, os.RemoveAll(dir))
+	}
+	return srv, dir, nil
 }
 
 func (h *hicacheRun) arrive(a *active) {
@@ -158,6 +208,13 @@ func (h *hicacheRun) admit(a *active) (bool, error) {
 		a.loadWall = time.Since(start)
 	}
 	a.hitL1, a.hitL2, a.hitL3 = r.L1Tokens, r.L2Tokens, r.L3Tokens
+	if h.own != nil {
+		for p := (r.L1Tokens + r.L2Tokens) / h.ps; p < r.HitTokens/h.ps; p++ {
+			if _, mine := h.own[a.hs[(p+1)*h.ps-1]]; !mine {
+				h.cross += int64(h.ps)
+			}
+		}
+	}
 	pages := append(append(make([]pool.PageID, 0, len(r.DevicePages)+len(fresh)), r.DevicePages...), fresh...)
 	a.state = &hicacheState{r: r, pages: pages}
 	h.verify(a, r, pages)
@@ -206,6 +263,11 @@ func (h *hicacheRun) prefill(a *active) {
 
 func (h *hicacheRun) finish(a *active) error {
 	st := a.state.(*hicacheState)
+	if h.own != nil {
+		for p := 0; (p+1)*h.ps <= len(a.tokens); p++ {
+			h.own[a.hs[(p+1)*h.ps-1]] = struct{}{}
+		}
+	}
 	for i := range h.kv.pools {
 		h.kv.fill(&h.kv.pools[i], a.hs, st.pages, len(a.req.Prompt), len(a.tokens))
 	}
@@ -244,13 +306,15 @@ func (h *hicacheRun) closeAll() error {
 	if h.cache != nil {
 		errs = append(errs, h.cache.Close())
 	}
+	// The backend goes before the pools it maps: a node client reconnecting must
+	// not register memory that is being unmapped.
+	if h.backend != nil {
+		errs = append(errs, h.backend.Close())
+	}
 	if h.host != nil {
 		errs = append(errs, h.host.Close())
 	}
 	errs = append(errs, h.closeDev())
-	if h.backend != nil {
-		errs = append(errs, h.backend.Close())
-	}
 	if h.cleanup != nil {
 		errs = append(errs, h.cleanup())
 	}

@@ -1,6 +1,9 @@
 package sim
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // Report is the result of one `strata bench` run: the same trace through every
 // cache configuration, side by side. Its JSON form is what --json writes.
@@ -63,6 +66,10 @@ type RunReport struct {
 	L3 *L3Report `json:"l3,omitempty"`
 	// Failed counts requests the run could not serve (larger than the device pool).
 	Failed int `json:"failed,omitempty"`
+	// Engines is the number of engine processes of a multi-engine run.
+	Engines int `json:"engines,omitempty"`
+	// CrossEngineHitTokens counts L3 hit tokens of pages another engine computed.
+	CrossEngineHitTokens int64 `json:"cross_engine_hit_tokens,omitempty"`
 	// Elapsed is the wall time of the run.
 	Elapsed Duration `json:"elapsed"`
 }
@@ -137,6 +144,16 @@ type Duration time.Duration
 // MarshalJSON writes the duration as fractional seconds.
 func (d Duration) MarshalJSON() ([]byte, error) {
 	return []byte(formatSeconds(time.Duration(d))), nil
+}
+
+// UnmarshalJSON reads fractional seconds.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s float64
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	*d = Duration(s * float64(time.Second))
+	return nil
 }
 
 func formatSeconds(d time.Duration) string {

@@ -24,6 +24,7 @@ import (
 const (
 	L3None = "none"
 	L3File = "file"
+	L3Node = "node"
 )
 
 // Run names.
@@ -60,13 +61,25 @@ type Config struct {
 	// MaxRunning is the most requests the engine runs at once; each holds its pages
 	// in L1 from admission to completion.
 	MaxRunning int `json:"maxRunning"`
-	// L3 is the strata run's L3 backend: file or none.
+	// L3 is the strata run's L3 backend: node (the node service), file or none.
 	L3 string `json:"l3"`
+	// NodeSocket is a running node service's socket; empty starts one in this
+	// process, with an SSD spill directory in a temporary directory.
+	NodeSocket string `json:"nodeSocket"`
+	// NodeArenaBytes is the embedded node service's DRAM arena.
+	NodeArenaBytes int64 `json:"nodeArenaBytes"`
 	// L3Dir is the file backend's directory; empty means a temporary directory,
 	// removed after the run.
 	L3Dir string `json:"l3Dir"`
 	// L3CapacityBytes bounds the file backend; 0 keeps its default.
 	L3CapacityBytes int64 `json:"l3CapacityBytes"`
+	// Engines is the number of engine processes of the strata run (node L3 only):
+	// each replays every Engines-th request with its own L1 and L2, all sharing one
+	// node service, as engines behind a router without session affinity do.
+	Engines int `json:"engines"`
+	// EngineBinary is the strata binary engines are started from; empty means this
+	// process's executable.
+	EngineBinary string `json:"-"`
 	// PrefetchPolicy and DraftPolicy configure strata's L3 tier.
 	PrefetchPolicy hicache.PrefetchPolicy `json:"prefetchPolicy"`
 	DraftPolicy    hicache.DraftPolicy    `json:"draftPolicy"`
@@ -81,7 +94,8 @@ type Config struct {
 // DefaultConfig is the embedded default of `strata bench`: the multiturn workload
 // on the small model with its EAGLE draft, 64-token pages, L1 of 16384 tokens (12%
 // of the default workload's 138240 distinct prefix tokens), L2 four times that (so
-// L1 + L2 hold 59% of the working set), and a file L3 in a temporary directory.
+// L1 + L2 hold 59% of the working set), and a node service L3 started in the
+// process with a 1 GiB arena and an SSD spill in a temporary directory.
 func DefaultConfig() Config {
 	m, _ := ModelByName(DefaultModel)
 	return Config{
@@ -95,7 +109,8 @@ func DefaultConfig() Config {
 		WritePolicy:    hicache.WriteThrough,
 		Eviction:       radix.LRU,
 		MaxRunning:     16,
-		L3:             L3File,
+		L3:             L3Node,
+		NodeArenaBytes: 1 << 30,
 		PrefetchPolicy: hicache.Timeout,
 		DraftPolicy:    hicache.DraftRequired,
 	}
@@ -121,8 +136,17 @@ func (c Config) Validate() error {
 	if err := c.Model.Geometry.Validate(); err != nil {
 		return fmt.Errorf("model %q: %w", c.Model.Name, err)
 	}
-	if c.L3 != L3None && c.L3 != L3File {
-		return fmt.Errorf("L3 backend %q: want %s or %s: %w", c.L3, L3File, L3None, ErrConfig)
+	if c.L3 != L3None && c.L3 != L3File && c.L3 != L3Node {
+		return fmt.Errorf("L3 backend %q: want %s, %s or %s: %w", c.L3, L3Node, L3File, L3None, ErrConfig)
+	}
+	if c.Engines > 1 && c.L3 != L3Node {
+		return fmt.Errorf("%d engines share L3 through the node service; use --l3 node: %w", c.Engines, ErrConfig)
+	}
+	if c.Engines < 0 || c.Engines > 64 {
+		return fmt.Errorf("%d engines: want 1 to 64: %w", c.Engines, ErrConfig)
+	}
+	if c.L3 == L3Node && c.NodeSocket == "" && c.NodeArenaBytes < 1<<20 {
+		return fmt.Errorf("node arena of %d bytes: want at least 1 MiB: %w", c.NodeArenaBytes, ErrConfig)
 	}
 	if c.L3CapacityBytes < 0 {
 		return fmt.Errorf("L3 capacity %d bytes: must not be negative: %w", c.L3CapacityBytes, ErrConfig)
@@ -185,6 +209,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	maxPages := int((trace.PromptTokens()+trace.OutputTokens())/int64(cfg.PageSize)) + 1
 	for _, name := range runs {
+		if name == RunStrata && cfg.Engines > 1 {
+			log := cfg.Logger
+			if log == nil {
+				log = slog.Default()
+			}
+			rr, err := runEngines(ctx, cfg, gen, log)
+			if err != nil {
+				return nil, fmt.Errorf("run %s: %w", name, err)
+			}
+			rep.Runs = append(rep.Runs, rr)
+			continue
+		}
 		rr, err := runOne(ctx, cfg, name, trace, maxPages)
 		if err != nil {
 			return nil, fmt.Errorf("run %s: %w", name, err)

@@ -3,7 +3,13 @@ package sim
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/stratakv/strata/node"
 
 	"github.com/stratakv/strata/workload"
 )
@@ -150,5 +156,48 @@ func TestBenchL3FileServesWhatL1AndL2Lost(t *testing.T) {
 	}
 	if without.Runs[0].HitRatio >= st.HitRatio {
 		t.Fatalf("L3 did not raise the hit ratio: %.3f without, %.3f with", without.Runs[0].HitRatio, st.HitRatio)
+	}
+}
+
+// The node service refuses the draft pool's registration (over the client quota):
+// target L2/L3 and draft L2 keep working, target L3 hits are served with the draft
+// KV recomputed, nothing is corrupt, and the report says which pool and why.
+func TestNodeRefusesTheDraftPoolByQuota(t *testing.T) {
+	cfg := smallConfig()
+	m := workload.DefaultMultiturn()
+	m.Clients, m.Rounds, m.RequestTokens, m.OutputTokens = 12, 4, 256, 32
+	cfg.Workload = &m
+	cfg.L1Tokens, cfg.L2Ratio, cfg.MaxRunning = 4096, 1, 2
+	cfg.Runs = []string{RunStrata}
+	target := int64(cfg.l2Pages()) * int64(cfg.PageSize) * int64(cfg.Model.Geometry.TokenBytes())
+	dir, err := os.MkdirTemp("", "sq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	nc := node.DefaultConfig(filepath.Join(dir, "s"))
+	nc.Admin, nc.ArenaBytes, nc.Logger = "", 256<<20, slog.New(slog.DiscardHandler)
+	nc.ClientQuotaBytes = target + 4096 // the target pool fits, the draft pool does not
+	srv, err := node.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	cfg.L3, cfg.NodeSocket = L3Node, srv.Socket()
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := rep.Runs[0]
+	if st.L3 == nil || len(st.L3.Pools) != 2 || !st.L3.Pools[0].Enabled || st.L3.Pools[1].Enabled ||
+		!strings.Contains(st.L3.Pools[1].Reason, "quota") {
+		t.Fatalf("pool status %+v", st.L3)
+	}
+	if st.CorruptPages != 0 || st.Failed != 0 || st.HitTokens.L3 == 0 || st.DraftRecomputePages == 0 || st.HitTokens.L2 == 0 {
+		t.Fatalf("with the draft pool refused: %+v\nL3 %+v", st, *st.L3)
+	}
+	if s := srv.Stats(); s.Ops.Refused == 0 {
+		t.Fatalf("service did not count the refusal: %+v", s.Ops)
 	}
 }

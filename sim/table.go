@@ -146,6 +146,10 @@ func (r *Report) writeRunNotes(buf *bytes.Buffer) {
 			notes = append(notes, fmt.Sprintf("%s: %s hit pages recomputed their draft KV (draft pool without L3)",
 				run.Name, groupDigits(run.DraftRecomputePages)))
 		}
+		if run.Engines > 1 {
+			notes = append(notes, fmt.Sprintf("%s: %d engine processes sharing the node service; %s L3 hit tokens were computed by another engine",
+				run.Name, run.Engines, groupDigits(run.CrossEngineHitTokens)))
+		}
 		if run.L3 != nil {
 			notes = append(notes, run.Name+": "+describeL3(run.L3))
 		}

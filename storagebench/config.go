@@ -45,8 +45,13 @@ func (s Shape) PartBytes() int64 {
 // Shape names.
 const (
 	// ShapeLlama3 is Llama-3-8B: 32 layers, 8 KV heads of 128, bf16, 64-token pages:
-	// 4 MiB of K and 4 MiB of V per page. The default.
+	// 4 MiB of K and 4 MiB of V per page. The file backend's default.
 	ShapeLlama3 = "llama-3-8b"
+	// ShapeLlama3P32 is Llama-3-8B with 32-token pages: 2 MiB of K and 2 MiB of V,
+	// a 4 MiB page. The node backend's default: 128 such pages are 512 MiB a batch,
+	// so the service's arena, the host pools and the peers of a run fit in the DRAM
+	// of a small machine.
+	ShapeLlama3P32 = "llama-3-8b-p32"
 	// ShapeDeepSeekV3 is DeepSeek-V3 MLA: 61 layers, latent 512+64, bf16, 64-token
 	// pages: one 4.3 MiB object per page.
 	ShapeDeepSeekV3 = "deepseek-v3"
@@ -59,16 +64,28 @@ const (
 var shapes = []Shape{
 	{Name: ShapeLlama3, Geometry: kvlayout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, PageSize: 64,
 		About: "Llama-3-8B, 32 layers, 8 KV heads x 128, bf16"},
+	{Name: ShapeLlama3P32, Geometry: kvlayout.Geometry{Layers: 32, KVHeads: 8, HeadDim: 128, DTypeBytes: 2}, PageSize: 32,
+		About: "Llama-3-8B, 32 layers, 8 KV heads x 128, bf16, 32-token pages"},
 	{Name: ShapeDeepSeekV3, Geometry: kvlayout.Geometry{Layers: 61, MLA: true, LatentDim: 576, DTypeBytes: 2}, PageSize: 64,
 		About: "DeepSeek-V3 MLA, 61 layers, latent 576, bf16"},
 	{Name: ShapeSmall, Geometry: kvlayout.Geometry{Layers: 2, KVHeads: 2, HeadDim: 64, DTypeBytes: 2}, PageSize: 64,
 		About: "toy page for smoke tests, 2 layers, 2 KV heads x 64, bf16"},
 }
 
-// Shapes lists the page shapes a run can use, default first.
+// DefaultShape is the page shape a run of backend uses when Config.Shape is "":
+// llama-3-8b-p32 (4 MiB pages) for the node service, llama-3-8b (8 MiB pages)
+// otherwise.
+func DefaultShape(backend string) string {
+	if backend == BackendNode {
+		return ShapeLlama3P32
+	}
+	return ShapeLlama3
+}
+
+// Shapes lists the page shapes a run can use, file default first.
 func Shapes() []Shape { return slices.Clone(shapes) }
 
-// ShapeNames lists the shapes' names, default first.
+// ShapeNames lists the shapes' names, file default first.
 func ShapeNames() []string {
 	out := make([]string, len(shapes))
 	for i, s := range shapes {
@@ -103,7 +120,7 @@ type Config struct {
 	Dir string `json:"dir"`
 	// Keep leaves the scratch directory and the store's objects in place.
 	Keep bool `json:"keep"`
-	// Shape is the page moved: one of ShapeNames().
+	// Shape is the page moved: one of ShapeNames(); "" means DefaultShape(Backend).
 	Shape string `json:"shape"`
 	// PagesPerBatch is the pages of one Put or Get call, at most storage.MaxBatch.
 	PagesPerBatch int `json:"pagesPerBatch"`
@@ -117,6 +134,11 @@ type Config struct {
 	Seed uint64 `json:"seed"`
 	// Progress, when set, receives a line as each phase starts.
 	Progress io.Writer `json:"-"`
+	// Socket, for the node backend, is the socket of a running node service to
+	// measure; "" starts one in the process, sized for the run.
+	Socket string `json:"socket,omitempty"`
+	// NoRedis skips the Redis server the node backend is measured against.
+	NoRedis bool `json:"noRedis,omitempty"`
 	// Available reports the host memory the run may take; nil means
 	// hostmem.AvailableBytes. The host pool holds every batch when that fits in half
 	// of it, else one batch whose pages are refilled for each.
@@ -124,12 +146,12 @@ type Config struct {
 }
 
 // DefaultConfig is the full run: the file backend in the system temp directory,
-// 4 batches of 128 Llama-3-8B pages (4 GiB written and read back) and 200 Exists
-// calls.
+// 4 batches of 128 pages of the backend's default shape (for the file backend
+// Llama-3-8B's 8 MiB pages, 4 GiB written and read back; for the node service
+// 4 MiB pages, 2 GiB) and 200 Exists calls.
 func DefaultConfig() Config {
 	return Config{
 		Backend:       BackendFile,
-		Shape:         ShapeLlama3,
 		PagesPerBatch: storage.MaxBatch,
 		Batches:       4,
 		ExistsCalls:   200,
@@ -144,8 +166,10 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
-	if _, err := ShapeByName(c.Shape); err != nil {
-		return err
+	if c.Shape != "" {
+		if _, err := ShapeByName(c.Shape); err != nil {
+			return err
+		}
 	}
 	if c.PagesPerBatch < 1 || c.PagesPerBatch > storage.MaxBatch {
 		return fmt.Errorf("%d pages per batch: want 1 to %d: %w", c.PagesPerBatch, storage.MaxBatch, ErrConfig)

@@ -36,6 +36,10 @@ type Report struct {
 	// PutGBps and GetGBps are the backend's bandwidth over every batch.
 	PutGBps float64 `json:"put_gbps"`
 	GetGBps float64 `json:"get_gbps"`
+	// ColdPutGBps and ColdGetGBps are the untimed first batch of a target that
+	// warms the host pool up: the first use of each page of the pool.
+	ColdPutGBps float64 `json:"cold_put_gbps,omitempty"`
+	ColdGetGBps float64 `json:"cold_get_gbps,omitempty"`
 	// PutBatchGBps and GetBatchGBps are each batch's figure, to show the spread.
 	PutBatchGBps []float64 `json:"put_batch_gbps"`
 	GetBatchGBps []float64 `json:"get_batch_gbps"`
@@ -50,6 +54,20 @@ type Report struct {
 	Stream        string  `json:"stream,omitempty"`
 	StreamPutGBps float64 `json:"stream_put_gbps,omitempty"`
 	StreamGetGBps float64 `json:"stream_get_gbps,omitempty"`
+	// Redis is the Redis server measured beside the backend on the same batches and
+	// objects, when there was one; RedisPutGBps and RedisGetGBps its bandwidths.
+	Redis        string  `json:"redis,omitempty"`
+	RedisPutGBps float64 `json:"redis_put_gbps,omitempty"`
+	RedisGetGBps float64 `json:"redis_get_gbps,omitempty"`
+	// RedisPutBatchGBps and RedisGetBatchGBps are each batch's figure.
+	RedisPutBatchGBps []float64 `json:"redis_put_batch_gbps,omitempty"`
+	RedisGetBatchGBps []float64 `json:"redis_get_batch_gbps,omitempty"`
+	// PutVsRedis and GetVsRedis are the backend's bandwidth over Redis's.
+	PutVsRedis float64 `json:"put_vs_redis,omitempty"`
+	GetVsRedis float64 `json:"get_vs_redis,omitempty"`
+	// TwoEngines is the phase with two engines at once, for backends a node's
+	// engines share.
+	TwoEngines *TwoEngines `json:"two_engines,omitempty"`
 	// ExistsCalls Exists calls of ExistsKeys keys each, all present: latency percentiles.
 	ExistsCalls int     `json:"exists_calls"`
 	ExistsKeys  int     `json:"exists_keys"`
@@ -94,6 +112,16 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if r.Stream != "" {
 		fmt.Fprintf(tw, "one stream\t%s\n", r.Stream)
 	}
+	if r.Redis != "" {
+		fmt.Fprintf(tw, "redis\t%s\n", r.Redis)
+	}
+	if r.TwoEngines != nil {
+		fmt.Fprintf(tw, "two engines\t2 clients at once, own host pools and keys; peer %s\n", r.TwoEngines.Peer)
+	}
+	if r.ColdPutGBps > 0 || r.ColdGetGBps > 0 {
+		fmt.Fprintf(tw, "cold batch\tput %s GB/s, get %s GB/s (untimed warm-up: first touch of the host pool's pages by the service)\n",
+			formatGBps(r.ColdPutGBps), formatGBps(r.ColdGetGBps))
+	}
 	if r.Dir != "" {
 		fmt.Fprintf(tw, "kept\t%s\n", r.Dir)
 	}
@@ -107,24 +135,41 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if r.Stream != "" {
 		head += "one stream GB/s\t"
 	}
+	if r.Redis != "" {
+		head += "redis GB/s\tredis min-max\tx redis\t"
+	}
 	fmt.Fprintln(tw, head)
-	row := func(gbps float64, batches []float64, peer, ratio, stream float64) {
+	row := func(gbps float64, batches []float64, peer, ratio, stream, redis float64, redisBatches []float64, vsRedis float64) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t", formatGBps(gbps), formatSpread(batches), formatGBps(peer), formatRatio(ratio))
 		if r.Stream != "" {
 			fmt.Fprintf(tw, "%s\t", formatGBps(stream))
 		}
+		if r.Redis != "" {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t", formatGBps(redis), formatSpread(redisBatches), formatRatio(vsRedis))
+		}
 		fmt.Fprintln(tw)
 	}
-	row(r.PutGBps, r.PutBatchGBps, r.PeerPutGBps, r.PutRatio, r.StreamPutGBps)
-	row(r.GetGBps, r.GetBatchGBps, r.PeerGetGBps, r.GetRatio, r.StreamGetGBps)
+	row(r.PutGBps, r.PutBatchGBps, r.PeerPutGBps, r.PutRatio, r.StreamPutGBps, r.RedisPutGBps, r.RedisPutBatchGBps, r.PutVsRedis)
+	row(r.GetGBps, r.GetBatchGBps, r.PeerGetGBps, r.GetRatio, r.StreamGetGBps, r.RedisGetGBps, r.RedisGetBatchGBps, r.GetVsRedis)
 	_ = tw.Flush()
-	names := []string{"", "put", "get"}
-	i := 0
-	for line := range bytes.Lines(table.Bytes()) {
-		fmt.Fprintf(&buf, "%-3s%s", names[i], line)
-		i++
-	}
+	writeRows(&buf, table.Bytes(), "", "put", "get")
 	buf.WriteByte('\n')
+	if t := r.TwoEngines; t != nil {
+		table.Reset()
+		tw = tabwriter.NewWriter(&table, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "GB/s\tbatch min-max\tengine 1\tengine 2\tpeer GB/s\tratio\t")
+		row := func(gbps float64, batches, engines []float64, peer, ratio float64) {
+			e := []float64{0, 0}
+			copy(e, engines)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", formatGBps(gbps), formatSpread(batches), formatGBps(e[0]), formatGBps(e[1]),
+				formatGBps(peer), formatRatio(ratio))
+		}
+		row(t.PutGBps, t.PutBatchGBps, t.EnginePutGBps, t.PeerPutGBps, t.PutRatio)
+		row(t.GetGBps, t.GetBatchGBps, t.EngineGetGBps, t.PeerGetGBps, t.GetRatio)
+		_ = tw.Flush()
+		writeRows(&buf, table.Bytes(), "two engines", "put", "get")
+		buf.WriteByte('\n')
+	}
 	if r.ExistsCalls > 0 {
 		fmt.Fprintf(&buf, "exists of %d keys: p50 %s us, p99 %s us (%d calls)\n",
 			r.ExistsKeys, formatMicros(r.ExistsP50us), formatMicros(r.ExistsP99us), r.ExistsCalls)
@@ -144,6 +189,24 @@ func (r *Report) WriteTable(w io.Writer) error {
 		return fmt.Errorf("write table of %s benchmark: %w", r.Backend, err)
 	}
 	return nil
+}
+
+// writeRows writes the lines of a rendered table, each behind its name, the
+// names padded to one width.
+func writeRows(buf *bytes.Buffer, table []byte, names ...string) {
+	width := 0
+	for _, n := range names {
+		width = max(width, len(n))
+	}
+	i := 0
+	for line := range bytes.Lines(table) {
+		name := ""
+		if i < len(names) {
+			name = names[i]
+		}
+		fmt.Fprintf(buf, "%-*s %s", width, name, line)
+		i++
+	}
 }
 
 // WriteJSON writes the report as indented JSON to path, through a temporary file

@@ -20,16 +20,22 @@ import (
 // Run measures one backend as cfg describes and returns the report. It puts
 // cfg.Batches batches of distinct pages, evicts what caches it can, gets every
 // batch back into other host pages and checks each page's bytes, and times the
-// peers on the same host memory, the batches interleaved and their order rotated
-// so that drift of the device over the run falls on every contender alike. Then it
-// times Exists. A page that fails Put or Get fails the run; a page that comes back
-// with other bytes is counted in MismatchedPages.
+// peers (and Redis, for a target that has it) on the same host memory, the
+// batches interleaved and their order rotated so that drift of the device over the
+// run falls on every contender alike. Then it times Exists. For a target with a
+// Pair peer it then runs the put and get phases again with two engines at once.
+// A page that fails Put or Get fails the run; a page that comes back with other
+// bytes is counted in MismatchedPages.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	started := time.Now()
-	shape, _ := ShapeByName(cfg.Shape)
+	shapeName := cfg.Shape
+	if shapeName == "" {
+		shapeName = DefaultShape(cfg.Backend)
+	}
+	shape, _ := ShapeByName(shapeName)
 	newTarget := cfg.NewTarget
 	name := "custom"
 	if newTarget == nil {
@@ -44,7 +50,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scratch directory: %w", err)
 	}
-	r := &run{cfg: cfg, shape: shape, scratch: scratch}
+	r := &run{cfg: cfg, shape: shape, scratch: scratch, seen: map[pagekey.Key]struct{}{}}
 	r.rep = &Report{
 		Backend:       name,
 		Shape:         shape.Name,
@@ -74,11 +80,26 @@ type run struct {
 	scratch string
 	rep     *Report
 
-	target  Target
+	target      Target
+	targetBuilt bool
+	backends    []storage.Backend // every backend opened, to close
+	groups      []*pool.Group     // every host pool group built, to close
+	e           *engine           // the one engine of the main phases
+	seen        map[pagekey.Key]struct{}
+	peersClosed bool
+}
+
+// engine is one client of the backend: its host pool, its keys and the hashes of
+// what it put.
+type engine struct {
+	r       *run
+	label   string // "" for the one engine of the main phases
 	backend storage.Backend
 	group   *pool.Group
 	hp      *pool.HostPool
+	spec    storage.PoolSpec
 	holdAll bool            // the host pool has a page for every page of every batch
+	seed    uint64          // of the page contents
 	keys    [][]pagekey.Key // per batch
 	hashes  [][]uint64      // per batch: page*parts+part
 }
@@ -89,11 +110,23 @@ func (r *run) progress(format string, args ...any) {
 	}
 }
 
+func (r *run) batchBytes() int64 { return int64(r.cfg.PagesPerBatch) * r.shape.PageBytes() }
+
+func (r *run) available() func() (int64, error) {
+	if r.cfg.Available != nil {
+		return r.cfg.Available
+	}
+	return hostmem.AvailableBytes
+}
+
 func (r *run) run(ctx context.Context, newTarget TargetFunc) error {
 	var err error
-	if r.target, err = newTarget(Scratch{Dir: r.scratch, Bytes: r.rep.Bytes}); err != nil {
+	r.target, err = newTarget(Scratch{Dir: r.scratch, Bytes: r.rep.Bytes, BatchBytes: r.batchBytes(), Socket: r.cfg.Socket,
+		NoRedis: r.cfg.NoRedis, Available: r.available(), Progress: r.progress})
+	if err != nil {
 		return err
 	}
+	r.targetBuilt = true
 	if r.target.Name != "" {
 		r.rep.Backend = r.target.Name
 	}
@@ -102,23 +135,27 @@ func (r *run) run(ctx context.Context, newTarget TargetFunc) error {
 	}
 	r.rep.BackendSettings = r.target.Describe
 	r.rep.Notes = append(r.rep.Notes, r.target.Notes...)
-	if r.backend, err = r.target.New(ctx); err != nil {
-		return fmt.Errorf("open %s backend: %w", r.rep.Backend, err)
-	}
-	if err := r.buildPool(); err != nil {
+	backend, err := r.open(ctx)
+	if err != nil {
 		return err
 	}
-	spec := storage.SpecOf(r.hp, pagekey.Names{})
-	if err := r.backend.RegisterPool(ctx, spec); err != nil {
-		return fmt.Errorf("register the host pool with the %s backend: %w", r.rep.Backend, err)
-	}
-	if err := r.makeKeys(); err != nil {
+	if r.e, err = r.newEngine(ctx, backend, nil, 0, ""); err != nil {
 		return err
 	}
-	if r.holdAll {
+	r.rep.HostAllocator = string(r.e.group.AllocatorKind())
+	r.rep.HostPoolBytes = r.e.hp.Region().Size()
+	if r.target.Warm {
+		if r.rep.ColdPutGBps, r.rep.ColdGetGBps, err = r.e.warmUp(ctx); err != nil {
+			return err
+		}
+		r.rep.Notes = append(r.rep.Notes, "each engine's host pool holds one batch of sources, refilled before each batch as an engine reuses its pool, "+
+			"and one of destinations; one untimed batch went through it first, so the figures are those of a pool in use "+
+			"(that cold batch's figures are reported apart; the service maps a pool's pages when it is registered, so they are close)")
+	}
+	if r.e.holdAll {
 		r.progress("filling %s of pages", formatBytes(r.rep.Bytes))
 		for b := range r.cfg.Batches {
-			r.fill(b)
+			r.e.fill(b)
 		}
 	}
 	if err := r.putPhase(ctx); err != nil {
@@ -135,40 +172,100 @@ func (r *run) run(ctx context.Context, newTarget TargetFunc) error {
 	if err := r.existsPhase(ctx); err != nil {
 		return err
 	}
+	r.describePeers()
+	// The one-engine peers (and Redis) give their memory back before two engines
+	// need theirs.
+	if err := r.closePeers(); err != nil {
+		return err
+	}
+	if r.target.Pair != nil {
+		if err := r.pairPhase(ctx); err != nil {
+			return err
+		}
+	}
 	r.finishReport()
 	return nil
+}
+
+// open opens one backend from the target and keeps it to close.
+func (r *run) open(ctx context.Context) (storage.Backend, error) {
+	b, err := r.target.New(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("open %s backend: %w", r.rep.Backend, err)
+	}
+	r.backends = append(r.backends, b)
+	return b, nil
+}
+
+// newEngine makes an engine of backend: over group when it is given (already
+// registered with backend), else over a host pool of its own, with keys and page
+// contents of key set set, distinct from every other set's.
+func (r *run) newEngine(ctx context.Context, backend storage.Backend, group *pool.Group, set int, label string) (*engine, error) {
+	e := &engine{r: r, label: label, backend: backend, group: group, holdAll: true, seed: r.cfg.Seed}
+	if set > 0 {
+		e.seed = mix(r.cfg.Seed ^ uint64(set)<<56 ^ 0x7e57)
+	}
+	if group == nil {
+		if err := e.buildPool(); err != nil {
+			return nil, err
+		}
+	} else {
+		e.hp = group.Target()
+		e.holdAll = r.e.holdAll
+	}
+	e.spec = storage.SpecOf(e.hp, pagekey.Names{})
+	if group == nil {
+		if err := backend.RegisterPool(ctx, e.spec); err != nil {
+			return nil, fmt.Errorf("register %s with the %s backend: %w", e.pool(), r.rep.Backend, err)
+		}
+	}
+	if err := e.makeKeys(set); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// of is "engine 2's " for a labelled engine, "" for the main one.
+func (e *engine) of() string {
+	if e.label == "" {
+		return ""
+	}
+	return e.label + "'s "
+}
+
+// pool names the engine's host pool: "the host pool", "engine 2's host pool".
+func (e *engine) pool() string {
+	if e.label == "" {
+		return "the host pool"
+	}
+	return e.of() + "host pool"
 }
 
 // buildPool allocates the host pool from the backend's allocator: every batch's
 // source pages plus one batch of destinations when that fits in half the
 // available memory, else one batch of each.
-func (r *run) buildPool() error {
-	kind := r.backend.Allocator()
-	if kind == "" {
-		kind = hostmem.Mmap
-	}
-	acfg := hostmem.DefaultConfig(kind)
-	acfg.Available = r.cfg.Available
-	alloc, err := hostmem.New(acfg)
+func (e *engine) buildPool() error {
+	r := e.r
+	base := hostmem.DefaultConfig(hostmem.Mmap)
+	base.Available = r.cfg.Available
+	alloc, err := storage.HostAllocator(e.backend, base)
 	if err != nil {
 		return fmt.Errorf("host memory: %w", err)
 	}
-	avail := r.cfg.Available
-	if avail == nil {
-		avail = hostmem.AvailableBytes
-	}
 	ppb := r.cfg.PagesPerBatch
 	pages := (r.cfg.Batches + 1) * ppb
-	r.holdAll = true
-	if a, err := avail(); err == nil && int64(pages)*r.shape.PageBytes() > (a-acfg.ReserveBytes)/2 {
-		pages, r.holdAll = 2*ppb, false
+	switch {
+	case r.target.Warm:
+		pages, e.holdAll = 2*ppb, false
+	case r.cfg.Batches == 1:
+	default:
+		if a, err := r.available()(); err == nil && int64(pages)*r.shape.PageBytes() > (a-base.ReserveBytes)/2 {
+			pages, e.holdAll = 2*ppb, false
+		}
 	}
-	if r.cfg.Batches == 1 {
-		r.holdAll = true
-	}
-	if !r.holdAll {
-		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("the host pool holds one batch of sources (%d batches do not fit in half the available memory); "+
-			"its pages are refilled before each batch, keys stay distinct", r.cfg.Batches))
+	if !e.holdAll && !r.target.Warm {
+		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("%s holds one batch of sources (%d batches do not fit in half the available memory); "+
+			"its pages are refilled before each batch, keys stay distinct", e.pool(), r.cfg.Batches))
 	}
 	spec := pool.GroupSpec{
 		Pools:    []pool.PoolSpec{{Name: pagekey.TargetPool, Geometry: r.shape.Geometry}},
@@ -176,60 +273,68 @@ func (r *run) buildPool() error {
 		PageSize: r.shape.PageSize,
 		Pages:    pages,
 	}
-	r.progress("allocating a %s host pool (%s)", formatBytes(spec.Bytes()), kind)
-	if r.group, err = pool.BuildGroup(spec, alloc); err != nil {
-		return fmt.Errorf("host pool: %w; lower --pages-per-batch or pick a smaller page shape", err)
+	r.progress("allocating %s: %s (%s)", e.pool(), formatBytes(spec.Bytes()), alloc.Kind())
+	if e.group, err = pool.BuildGroup(spec, alloc); err != nil {
+		return fmt.Errorf("%s: %w; lower --pages-per-batch or pick a smaller page shape", e.pool(), err)
 	}
-	r.hp = r.group.Target()
-	r.rep.HostAllocator = string(r.group.AllocatorKind())
-	r.rep.HostPoolBytes = r.hp.Region().Size()
+	r.groups = append(r.groups, e.group)
+	e.hp = e.group.Target()
 	return nil
 }
 
+// batches is the number of batches an engine has keys for: the timed ones and,
+// for a Warm target, the untimed one after them.
+func (r *run) batches() int {
+	if r.target.Warm {
+		return r.cfg.Batches + 1
+	}
+	return r.cfg.Batches
+}
+
 // makeKeys hashes random tokens into one chain of distinct keys, split in batches.
-func (r *run) makeKeys() error {
+func (e *engine) makeKeys(set int) error {
+	r := e.r
 	h, err := pagekey.New(pagekey.Config{PageSize: r.shape.PageSize, Algorithm: pagekey.SHA256})
 	if err != nil {
 		return err
 	}
-	n := r.cfg.Batches * r.cfg.PagesPerBatch
-	rng := rand.New(rand.NewPCG(r.cfg.Seed, 0x5eed))
+	n := r.batches() * r.cfg.PagesPerBatch
+	rng := rand.New(rand.NewPCG(r.cfg.Seed, 0x5eed+uint64(set)))
 	tokens := make([]uint32, n*r.shape.PageSize)
 	for i := range tokens {
 		tokens[i] = rng.Uint32N(128256) // Llama-3's vocabulary
 	}
 	all := h.Keys(pagekey.Key{}, tokens)
-	seen := make(map[pagekey.Key]struct{}, len(all))
 	for _, k := range all {
-		if _, dup := seen[k]; dup {
+		if _, dup := r.seen[k]; dup {
 			return fmt.Errorf("page keys: %s repeats", k)
 		}
-		seen[k] = struct{}{}
+		r.seen[k] = struct{}{}
 	}
 	ppb := r.cfg.PagesPerBatch
-	r.keys = make([][]pagekey.Key, r.cfg.Batches)
-	r.hashes = make([][]uint64, r.cfg.Batches)
-	for b := range r.keys {
-		r.keys[b] = all[b*ppb : (b+1)*ppb : (b+1)*ppb]
-		r.hashes[b] = make([]uint64, ppb*r.parts())
+	e.keys = make([][]pagekey.Key, r.batches())
+	e.hashes = make([][]uint64, r.batches())
+	for b := range e.keys {
+		e.keys[b] = all[b*ppb : (b+1)*ppb : (b+1)*ppb]
+		e.hashes[b] = make([]uint64, ppb*e.parts())
 	}
 	return nil
 }
 
-func (r *run) parts() int { return r.shape.Geometry.Buffers() }
+func (e *engine) parts() int { return e.r.shape.Geometry.Buffers() }
 
 // srcPages are the host pages batch b is put from.
-func (r *run) srcPages(b int) []pool.PageID {
+func (e *engine) srcPages(b int) []pool.PageID {
 	first := 0
-	if r.holdAll {
-		first = b * r.cfg.PagesPerBatch
+	if e.holdAll {
+		first = b * e.r.cfg.PagesPerBatch
 	}
-	return pageRange(first, r.cfg.PagesPerBatch)
+	return pageRange(first, e.r.cfg.PagesPerBatch)
 }
 
 // dstPages are the host pages every batch is read back into: the pool's last batch.
-func (r *run) dstPages() []pool.PageID {
-	return pageRange(r.group.Pages()-r.cfg.PagesPerBatch, r.cfg.PagesPerBatch)
+func (e *engine) dstPages() []pool.PageID {
+	return pageRange(e.group.Pages()-e.r.cfg.PagesPerBatch, e.r.cfg.PagesPerBatch)
 }
 
 func pageRange(first, n int) []pool.PageID {
@@ -241,11 +346,11 @@ func pageRange(first, n int) []pool.PageID {
 }
 
 // chunks returns the object parts of pages in host memory, page by page, K before V.
-func (r *run) chunks(pages []pool.PageID) [][]byte {
-	out := make([][]byte, 0, len(pages)*r.parts())
+func (e *engine) chunks(pages []pool.PageID) [][]byte {
+	out := make([][]byte, 0, len(pages)*e.parts())
 	for _, p := range pages {
-		for part := range r.parts() {
-			b, ok := r.hp.PageBuffer(part, p)
+		for part := range e.parts() {
+			b, ok := e.hp.PageBuffer(part, p)
 			if !ok {
 				panic(fmt.Sprintf("storagebench: page %d part %d of a page_first pool is not contiguous", p, part))
 			}
@@ -255,23 +360,33 @@ func (r *run) chunks(pages []pool.PageID) [][]byte {
 	return out
 }
 
+// names returns the object names of batch b's chunks, in the order of chunks: the
+// names the backend stores them under.
+func (e *engine) names(b int) []string {
+	out := make([]string, 0, len(e.keys[b])*e.parts())
+	for _, k := range e.keys[b] {
+		out = append(out, storage.ObjectNames(e.spec, k)...)
+	}
+	return out
+}
+
 // fill writes batch b's contents into its source pages and records their hashes.
-func (r *run) fill(b int) {
-	chunks := r.chunks(r.srcPages(b))
-	parts := r.parts()
+func (e *engine) fill(b int) {
+	chunks := e.chunks(e.srcPages(b))
+	parts := e.parts()
 	_ = parallel(context.Background(), runtime.GOMAXPROCS(0), len(chunks), func(i int) error {
-		fillChunk(chunks[i], chunkSeed(r.cfg.Seed, b, i/parts, i%parts))
-		r.hashes[b][i] = hashChunk(chunks[i])
+		fillChunk(chunks[i], chunkSeed(e.seed, b, i/parts, i%parts))
+		e.hashes[b][i] = hashChunk(chunks[i])
 		return nil
 	})
 }
 
 // verify counts the pages of batch b whose bytes in dst differ from what was put.
-func (r *run) verify(b int, dst [][]byte) int64 {
-	parts := r.parts()
+func (e *engine) verify(b int, dst [][]byte) int64 {
+	parts := e.parts()
 	bad := make([]bool, len(dst))
 	_ = parallel(context.Background(), runtime.GOMAXPROCS(0), len(dst), func(i int) error {
-		bad[i] = hashChunk(dst[i]) != r.hashes[b][i]
+		bad[i] = hashChunk(dst[i]) != e.hashes[b][i]
 		return nil
 	})
 	var pages int64
@@ -283,7 +398,40 @@ func (r *run) verify(b int, dst [][]byte) int64 {
 	return pages
 }
 
-// contender is one of the three things timed on each batch.
+// warmUp puts and gets the untimed batch after the timed ones through e's host
+// pool, checks it, and returns its bandwidths.
+func (e *engine) warmUp(ctx context.Context) (put, get float64, err error) {
+	r := e.r
+	b := r.cfg.Batches
+	r.progress("%swarm-up batch (untimed)", e.of())
+	e.fill(b)
+	start := time.Now()
+	errs := e.backend.Put(ctx, pagekey.TargetPool, e.keys[b], e.srcPages(b))
+	put = rate(float64(r.batchBytes()), time.Since(start))
+	if err := batchError(e.of()+"warm-up put", b, errs); err != nil {
+		return 0, 0, err
+	}
+	dst := e.chunks(e.dstPages())
+	clearAll(dst)
+	start = time.Now()
+	errs = e.backend.Get(ctx, pagekey.TargetPool, e.keys[b], e.dstPages())
+	get = rate(float64(r.batchBytes()), time.Since(start))
+	if err := batchError(e.of()+"warm-up get", b, errs); err != nil {
+		return 0, 0, err
+	}
+	r.rep.MismatchedPages += e.verify(b, dst)
+	return put, get, nil
+}
+
+// clearAll zeroes the chunks, so that a get that writes nothing is caught.
+func clearAll(chunks [][]byte) {
+	_ = parallel(context.Background(), runtime.GOMAXPROCS(0), len(chunks), func(i int) error {
+		clear(chunks[i])
+		return nil
+	})
+}
+
+// contender is one of the things timed on each batch.
 type contender struct {
 	name  string
 	times []time.Duration
@@ -306,78 +454,110 @@ func rotate(ctx context.Context, cs []*contender, b int) error {
 	return nil
 }
 
+// peerWrite times peer p storing engine e's batch b, under the backend's names
+// when p keeps names.
+func peerWrite(e *engine, p Peer) func(context.Context, int) (time.Duration, error) {
+	return func(ctx context.Context, b int) (time.Duration, error) {
+		src := e.chunks(e.srcPages(b))
+		var d time.Duration
+		var err error
+		if np, ok := p.(NamedPeer); ok {
+			d, err = np.WriteNamed(ctx, e.names(b), src)
+		} else {
+			d, err = p.Write(ctx, src)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("peer %s: batch %d: %w", p.Name(), b, err)
+		}
+		return d, nil
+	}
+}
+
+// peerRead times peer p reading engine e's batch b back into dst, and adds the
+// pages that came back wrong to *bad.
+func peerRead(e *engine, p Peer, dst [][]byte, bad *int64) func(context.Context, int) (time.Duration, error) {
+	return func(ctx context.Context, b int) (time.Duration, error) {
+		clearAll(dst)
+		var d time.Duration
+		var err error
+		if np, ok := p.(NamedPeer); ok {
+			d, err = np.ReadNamed(ctx, e.names(b), dst)
+		} else {
+			d, err = p.Read(ctx, dst)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("peer %s: batch %d: %w", p.Name(), b, err)
+		}
+		*bad += e.verify(b, dst)
+		return d, nil
+	}
+}
+
 func (r *run) putPhase(ctx context.Context) error {
+	e := r.e
 	backend := &contender{name: "backend", do: func(ctx context.Context, b int) (time.Duration, error) {
 		start := time.Now()
-		errs := r.backend.Put(ctx, pagekey.TargetPool, r.keys[b], r.srcPages(b))
+		errs := e.backend.Put(ctx, pagekey.TargetPool, e.keys[b], e.srcPages(b))
 		d := time.Since(start)
 		return d, batchError("put", b, errs)
 	}}
-	peerWrite := func(p Peer) func(context.Context, int) (time.Duration, error) {
-		return func(ctx context.Context, b int) (time.Duration, error) {
-			d, err := p.Write(ctx, r.chunks(r.srcPages(b)))
-			if err != nil {
-				return 0, fmt.Errorf("peer %s: batch %d: %w", p.Name(), b, err)
-			}
-			return d, nil
-		}
-	}
-	cs := []*contender{backend, {name: "peer", do: peerWrite(r.target.Peer)}}
+	peer := &contender{name: "peer", do: peerWrite(e, r.target.Peer)}
+	cs := []*contender{backend, peer}
+	var stream, redis *contender
 	if r.target.Stream != nil {
-		cs = append(cs, &contender{name: "stream", do: peerWrite(r.target.Stream)})
+		stream = &contender{name: "stream", do: peerWrite(e, r.target.Stream)}
+		cs = append(cs, stream)
+	}
+	if r.target.Redis != nil {
+		redis = &contender{name: "redis", do: peerWrite(e, r.target.Redis)}
+		cs = append(cs, redis)
 	}
 	for b := range r.cfg.Batches {
-		if !r.holdAll {
-			r.fill(b)
+		if !e.holdAll {
+			e.fill(b)
 		}
 		r.progress("put batch %d/%d", b+1, r.cfg.Batches)
 		if err := rotate(ctx, cs, b); err != nil {
 			return err
 		}
 	}
-	r.rep.PutGBps, r.rep.PutBatchGBps = r.gbps(cs[0].times)
-	r.rep.PeerPutGBps, _ = r.gbps(cs[1].times)
-	if len(cs) > 2 {
-		r.rep.StreamPutGBps, _ = r.gbps(cs[2].times)
+	r.rep.PutGBps, r.rep.PutBatchGBps = r.gbps(backend.times)
+	r.rep.PeerPutGBps, _ = r.gbps(peer.times)
+	if stream != nil {
+		r.rep.StreamPutGBps, _ = r.gbps(stream.times)
+	}
+	if redis != nil {
+		r.rep.RedisPutGBps, r.rep.RedisPutBatchGBps = r.gbps(redis.times)
 	}
 	return nil
 }
 
 func (r *run) getPhase(ctx context.Context) error {
-	dstPages := r.dstPages()
-	dst := r.chunks(dstPages)
-	clearDst := func() {
-		_ = parallel(context.Background(), runtime.GOMAXPROCS(0), len(dst), func(i int) error {
-			clear(dst[i])
-			return nil
-		})
-	}
+	e := r.e
+	dstPages := e.dstPages()
+	dst := e.chunks(dstPages)
 	backend := &contender{name: "backend", do: func(ctx context.Context, b int) (time.Duration, error) {
-		clearDst()
+		clearAll(dst)
 		start := time.Now()
-		errs := r.backend.Get(ctx, pagekey.TargetPool, r.keys[b], dstPages)
+		errs := e.backend.Get(ctx, pagekey.TargetPool, e.keys[b], dstPages)
 		d := time.Since(start)
 		if err := batchError("get", b, errs); err != nil {
 			return 0, err
 		}
-		r.rep.MismatchedPages += r.verify(b, dst)
+		r.rep.MismatchedPages += e.verify(b, dst)
 		return d, nil
 	}}
-	var peerBad int64
-	peerRead := func(p Peer) func(context.Context, int) (time.Duration, error) {
-		return func(ctx context.Context, b int) (time.Duration, error) {
-			clearDst()
-			d, err := p.Read(ctx, dst)
-			if err != nil {
-				return 0, fmt.Errorf("peer %s: batch %d: %w", p.Name(), b, err)
-			}
-			peerBad += r.verify(b, dst)
-			return d, nil
-		}
-	}
-	cs := []*contender{backend, {name: "peer", do: peerRead(r.target.Peer)}}
+	var peerBad, redisBad int64
+	peer := &contender{name: "peer", do: peerRead(e, r.target.Peer, dst, &peerBad)}
+	cs := []*contender{backend, peer}
+	var stream, redis *contender
 	if r.target.Stream != nil {
-		cs = append(cs, &contender{name: "stream", do: peerRead(r.target.Stream)})
+		stream = &contender{name: "stream", do: peerRead(e, r.target.Stream, dst, &peerBad)}
+		cs = append(cs, stream)
+	}
+	if r.target.Redis != nil {
+		redis = &contender{name: "redis", do: peerRead(e, r.target.Redis, dst, &redisBad)}
+		cs = append(cs, redis)
 	}
 	for b := range r.cfg.Batches {
 		r.progress("get batch %d/%d", b+1, r.cfg.Batches)
@@ -388,10 +568,16 @@ func (r *run) getPhase(ctx context.Context) error {
 	if peerBad > 0 {
 		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("the peers read back %d pages with wrong bytes: the disk or the peer is broken, the ratios mean nothing", peerBad))
 	}
-	r.rep.GetGBps, r.rep.GetBatchGBps = r.gbps(cs[0].times)
-	r.rep.PeerGetGBps, _ = r.gbps(cs[1].times)
-	if len(cs) > 2 {
-		r.rep.StreamGetGBps, _ = r.gbps(cs[2].times)
+	if redisBad > 0 {
+		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("redis read back %d pages with wrong bytes: its figures mean nothing", redisBad))
+	}
+	r.rep.GetGBps, r.rep.GetBatchGBps = r.gbps(backend.times)
+	r.rep.PeerGetGBps, _ = r.gbps(peer.times)
+	if stream != nil {
+		r.rep.StreamGetGBps, _ = r.gbps(stream.times)
+	}
+	if redis != nil {
+		r.rep.RedisGetGBps, r.rep.RedisGetBatchGBps = r.gbps(redis.times)
 	}
 	return nil
 }
@@ -416,7 +602,11 @@ func batchError(op string, b int, errs []error) error {
 
 // gbps is the bandwidth over every batch and of each batch.
 func (r *run) gbps(times []time.Duration) (float64, []float64) {
-	batch := float64(r.cfg.PagesPerBatch) * float64(r.shape.PageBytes())
+	return gbpsOf(float64(r.batchBytes()), times)
+}
+
+// gbpsOf is the bandwidth over every batch and of each batch, batch bytes each.
+func gbpsOf(batch float64, times []time.Duration) (float64, []float64) {
 	var sum time.Duration
 	per := make([]float64, len(times))
 	for i, d := range times {
@@ -438,13 +628,14 @@ func (r *run) existsPhase(ctx context.Context) error {
 	if n == 0 {
 		return nil
 	}
+	e := r.e
 	r.progress("%d exists calls", n)
 	times := make([]time.Duration, 0, n)
 	short := 0
 	for c := range n {
-		keys := r.keys[c%r.cfg.Batches]
+		keys := e.keys[c%r.cfg.Batches]
 		start := time.Now()
-		got, err := r.backend.Exists(ctx, pagekey.TargetPool, keys)
+		got, err := e.backend.Exists(ctx, pagekey.TargetPool, keys)
 		times = append(times, time.Since(start))
 		if err != nil {
 			return fmt.Errorf("exists call %d: %w", c, err)
@@ -472,19 +663,18 @@ func percentile(sorted []time.Duration, q float64) time.Duration {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
-func (r *run) finishReport() {
+// describePeers names the peers in the report and takes their notes, while they
+// are still open.
+func (r *run) describePeers() {
 	rep := r.rep
 	rep.Peer = r.target.Peer.Name()
-	if rep.PeerPutGBps > 0 {
-		rep.PutRatio = rep.PutGBps / rep.PeerPutGBps
-	}
-	if rep.PeerGetGBps > 0 {
-		rep.GetRatio = rep.GetGBps / rep.PeerGetGBps
-	}
 	if r.target.Stream != nil {
 		rep.Stream = r.target.Stream.Name()
 	}
-	for _, p := range []Peer{r.target.Peer, r.target.Stream} {
+	if r.target.Redis != nil {
+		rep.Redis = r.target.Redis.Name()
+	}
+	for _, p := range []Peer{r.target.Peer, r.target.Stream, r.target.Redis} {
 		if n, ok := p.(interface{ Notes() []string }); ok {
 			for _, note := range n.Notes() {
 				if !slices.Contains(rep.Notes, note) {
@@ -493,30 +683,75 @@ func (r *run) finishReport() {
 			}
 		}
 	}
+}
+
+// finishReport takes the ratios.
+func (r *run) finishReport() {
+	rep := r.rep
+	rep.PutRatio = ratio(rep.PutGBps, rep.PeerPutGBps)
+	rep.GetRatio = ratio(rep.GetGBps, rep.PeerGetGBps)
+	rep.PutVsRedis = ratio(rep.PutGBps, rep.RedisPutGBps)
+	rep.GetVsRedis = ratio(rep.GetGBps, rep.RedisGetGBps)
+	if t := rep.TwoEngines; t != nil {
+		t.PutRatio = ratio(t.PutGBps, t.PeerPutGBps)
+		t.GetRatio = ratio(t.GetGBps, t.PeerGetGBps)
+	}
 	if r.cfg.Keep {
 		rep.Dir = r.scratch
 	}
 }
 
-// close releases everything the run opened and removes the scratch directory
-// unless it is to be kept.
-func (r *run) close() error {
+// ratio is a over b, 0 when b is not measured.
+func ratio(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return a / b
+}
+
+// closePeers closes the one-engine peers: the stored chunks of the memcpy and
+// disk peers, and the Redis server. It may be called more than once.
+func (r *run) closePeers() error {
+	if r.peersClosed {
+		return nil
+	}
+	r.peersClosed = true
 	var errs []error
-	for _, p := range []Peer{r.target.Peer, r.target.Stream} {
+	for _, p := range []Peer{r.target.Peer, r.target.Stream, r.target.Redis} {
 		if p != nil {
 			if err := p.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("close peer: %w", err))
 			}
 		}
 	}
-	if r.backend != nil {
-		if err := r.backend.Close(); err != nil {
+	return errors.Join(errs...)
+}
+
+// close releases everything the run opened and removes the scratch directory
+// unless it is to be kept.
+func (r *run) close() error {
+	var errs []error
+	if r.targetBuilt {
+		errs = append(errs, r.closePeers())
+		if r.target.Pair != nil {
+			if err := r.target.Pair.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("close peer: %w", err))
+			}
+		}
+	}
+	for _, b := range r.backends {
+		if err := b.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close %s backend: %w", r.rep.Backend, err))
 		}
 	}
-	if r.group != nil {
-		if err := r.group.Close(); err != nil {
+	for _, g := range r.groups {
+		if err := g.Close(); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	if r.targetBuilt && r.target.Close != nil {
+		if err := r.target.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close the %s target: %w", r.rep.Backend, err))
 		}
 	}
 	if !r.cfg.Keep {

@@ -49,6 +49,35 @@ type Target struct {
 	// Describe is a short description of the backend's settings for the report
 	// ("O_DIRECT, 4 I/O workers, fsync per object").
 	Describe string
+	// Redis, when set, is a Redis server storing the same objects under the same
+	// names (a NamedPeer), timed on the same batches beside the backend and Peer:
+	// the service an engine would otherwise use.
+	Redis Peer
+	// Pair, when set, adds a phase in which two backends opened with New run at
+	// once, each with its own host pool and keys, as two engines on a node would;
+	// Pair is their limit: the same bytes of both engines moved at once.
+	Pair Peer
+	// Warm makes each engine's host pool hold one batch of sources, refilled before
+	// each batch as an engine reuses its pool, and one of destinations, and puts and
+	// gets one untimed batch through it first, so that the figures are those of a
+	// pool in use (a service that mapped the pool lazily would pay a fault per page
+	// on first use). The cold batch's figures are reported apart. The
+	// store must hold that batch too.
+	Warm bool
+	// Close, when set, releases what the target started (an embedded service). The
+	// run calls it after closing the backends and peers.
+	Close func() error
+}
+
+// NamedPeer is a Peer that stores each chunk under a name, as a key-value store
+// does. The run gives it the object names the backend stores the same bytes under.
+type NamedPeer interface {
+	Peer
+	// WriteNamed stores src[i] under names[i] and returns the time that took.
+	WriteNamed(ctx context.Context, names []string, src [][]byte) (time.Duration, error)
+	// ReadNamed reads names[i] into dst[i], which must be as long as the value,
+	// and returns the time that took.
+	ReadNamed(ctx context.Context, names []string, dst [][]byte) (time.Duration, error)
 }
 
 // Scratch is what a target is built from for one run.
@@ -58,6 +87,17 @@ type Scratch struct {
 	Dir string
 	// Bytes is how many object bytes the run will put, to size the store.
 	Bytes int64
+	// BatchBytes is one batch's object bytes.
+	BatchBytes int64
+	// Socket is Config.Socket: a running node service, or "" to start one.
+	Socket string
+	// NoRedis is Config.NoRedis: do not measure a Redis server beside the backend.
+	NoRedis bool
+	// Available reports the host memory the run may take (Config.Available, or
+	// hostmem.AvailableBytes).
+	Available func() (int64, error)
+	// Progress, when set, receives a line as a target starts something slow.
+	Progress func(format string, args ...any)
 }
 
 // TargetFunc builds a Target for one run.
@@ -67,10 +107,14 @@ type TargetFunc func(s Scratch) (Target, error)
 const (
 	// BackendFile is storage/file: objects as files in a directory on a local disk.
 	BackendFile = "file"
+	// BackendNode is storage/nodeclient: the node service (`strata serve`), an
+	// embedded one unless Config.Socket names a running one.
+	BackendNode = "node"
 )
 
 var builtinTargets = map[string]TargetFunc{
 	BackendFile: FileTarget,
+	BackendNode: NodeTarget,
 }
 
 // Backends lists the backends a run can measure by name.

@@ -34,7 +34,10 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	decodeMS := fs.Float64("decode-ms", 0, "modelled decode step in milliseconds (0 = the model preset's)")
 	maxRunning := fs.Int("max-running", def.MaxRunning, "most requests the simulated engine runs at once")
 	runs := fs.String("runs", "l1-only,ceiling,strata", "runs to replay, comma-separated")
-	l3 := fs.String("l3", def.L3, "strata's L3 backend: file or none")
+	l3 := fs.String("l3", def.L3, "strata's L3 backend: node (the node service), file or none")
+	socket := fs.String("socket", "", "node L3: a running node service's socket (default: start one in this process, spill in a temporary directory)")
+	nodeArena := fs.String("node-arena", "1GiB", "node L3: the embedded node service's DRAM arena")
+	engines := fs.Int("engines", 1, "node L3: engine processes sharing the node service (the strata run only)")
 	l3Dir := fs.String("l3-dir", "", "file L3 directory (default: a temporary directory, removed afterwards)")
 	l3Capacity := fs.String("l3-capacity", "", "file L3 capacity, e.g. 64GiB (default: the backend's)")
 	prefetchPolicy := fs.String("prefetch-policy", def.PrefetchPolicy.String(), "best_effort, wait_complete or timeout")
@@ -80,7 +83,10 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return usagef("--eviction: %w", err)
 	}
 	cfg.Runs = splitList(*runs)
-	cfg.L3, cfg.L3Dir = *l3, *l3Dir
+	cfg.L3, cfg.L3Dir, cfg.NodeSocket, cfg.Engines = *l3, *l3Dir, *socket, *engines
+	if cfg.NodeArenaBytes, err = parseBytes(*nodeArena); err != nil {
+		return usagef("--node-arena: %w", err)
+	}
 	if *l3Capacity != "" {
 		if cfg.L3CapacityBytes, err = parseBytes(*l3Capacity); err != nil {
 			return usagef("--l3-capacity: %w", err)

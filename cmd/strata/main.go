@@ -36,6 +36,8 @@ type command struct {
 func commands() map[string]command {
 	return map[string]command{
 		"keys":    {"print the page keys of token ids read from stdin", runKeys},
+		"serve":   {"run the node service: shared-memory L3 for the engines of a node", runServe},
+		"inspect": {"print a running node service's clients, segments, tiers and hit rates", runInspect},
 		"bench":   {"run the workload simulator or a storage benchmark", runBench},
 		"version": {"print the version", runVersion},
 	}
@@ -58,6 +60,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return 0
 	}
 	c, ok := cmds[args[0]]
+	if args[0] == "bench-engine" {
+		c, ok = command{run: runBenchEngine}, true
+	}
 	if !ok {
 		fmt.Fprintf(stderr, "strata: unknown command %q (run strata help)\n", args[0])
 		return exitUsage

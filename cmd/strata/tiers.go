@@ -12,18 +12,23 @@ import (
 )
 
 // runTiers is `strata bench tiers`: the storage micro-benchmark. It puts and gets
-// batches of pages through an L3 backend on the user's disk and prints each
-// direction beside the disk's own figure for the same job, measured in the same
-// run.
+// batches of pages through an L3 backend and prints each direction beside the
+// physical limit of the same job measured in the same run: for the file backend
+// the disk's own figure, for the node service a plain memcpy of the same bytes
+// (and a Redis server on loopback storing the same objects, and two engines at
+// once).
 func runTiers(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	def := storagebench.DefaultConfig()
 	fs := newFlagSet("bench tiers", stderr)
 	backend := fs.String("backend", def.Backend, "L3 backend to measure: "+strings.Join(storagebench.Backends(), ", "))
+	socket := fs.String("socket", "", "node backend: socket of a running node service to measure (default: start one in the process, sized for the run)")
+	noRedis := fs.Bool("no-redis", false, "node backend: do not measure a redis-server on loopback beside it")
 	dir := fs.String("dir", "", "directory on the disk to measure; the run works in a fresh subdirectory (default: the system temp directory)")
 	keep := fs.Bool("keep", false, "keep the scratch subdirectory and the store's objects")
 	batches := fs.Int("batches", def.Batches, "batches to put and read back, each with distinct keys")
 	perBatch := fs.Int("pages-per-batch", def.PagesPerBatch, "pages per put and get call")
-	geometry := fs.String("geometry", def.Shape, "page shape: "+strings.Join(storagebench.ShapeNames(), ", "))
+	geometry := fs.String("geometry", "", "page shape: "+strings.Join(storagebench.ShapeNames(), ", ")+
+		" (default "+storagebench.DefaultShape(storagebench.BackendFile)+" for file, "+storagebench.DefaultShape(storagebench.BackendNode)+" for node)")
 	small := fs.Bool("small", false, "quick smoke run: the small page shape (same as --geometry "+storagebench.ShapeSmall+")")
 	exists := fs.Int("exists-calls", def.ExistsCalls, "exists calls timed for the lookup latency")
 	seed := fs.Uint64("seed", def.Seed, "seed of the tokens and page contents")
@@ -35,6 +40,10 @@ func runTiers(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg.Backend, cfg.Dir, cfg.Keep = *backend, *dir, *keep
 	cfg.Batches, cfg.PagesPerBatch, cfg.ExistsCalls, cfg.Seed = *batches, *perBatch, *exists, *seed
 	cfg.Shape = *geometry
+	cfg.Socket, cfg.NoRedis = *socket, *noRedis
+	if cfg.Socket != "" && cfg.Backend != storagebench.BackendNode {
+		return usagef("--socket is for --backend %s", storagebench.BackendNode)
+	}
 	if *small {
 		if flagSet(fs, "geometry") && *geometry != storagebench.ShapeSmall {
 			return usagef("--small and --geometry %s disagree; give one", *geometry)

@@ -82,13 +82,72 @@ func TestBenchTiersBadFlagsExitTwo(t *testing.T) {
 		{[]string{"--nope"}, "nope"},
 		{[]string{"extra"}, "unexpected argument"},
 		{[]string{"--dir", filepath.Join(dir, "missing")}, "--dir"},
+		{[]string{"--socket", filepath.Join(dir, "node.sock")}, "--socket is for --backend node"},
 	} {
 		code, out, errs := runCLI(t, "", append([]string{"bench", "tiers"}, c.args...)...)
 		if code != 2 || out != "" || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, c.msg) {
 			t.Errorf("bench tiers %v: exit %d, stdout %q, stderr %q (want 2 and one line naming %q)", c.args, code, out, errs, c.msg)
 		}
 	}
-	if code, _, errs := runCLI(t, "", "bench", "tiers", "-h"); code != 0 || !strings.Contains(errs, "pages-per-batch") {
+	if code, _, errs := runCLI(t, "", "bench", "tiers", "-h"); code != 0 || !strings.Contains(errs, "pages-per-batch") ||
+		!strings.Contains(errs, "no-redis") || !strings.Contains(errs, "socket string") {
 		t.Errorf("bench tiers -h: exit %d, stderr %q", code, errs)
+	}
+}
+
+// TestBenchTiersNodeSmallRun runs the node backend end to end: an embedded
+// service, tiny pages, two batches, two engines; Redis is left out here (the
+// storagebench tests run it).
+func TestBenchTiersNodeSmallRun(t *testing.T) {
+	jsonPath := filepath.Join(t.TempDir(), "tiers.json")
+	code, out, errs := runCLI(t, "", "bench", "tiers", "--backend", "node", "--small", "--dir", t.TempDir(), "--batches", "2",
+		"--pages-per-batch", "8", "--exists-calls", "20", "--no-redis", "--json", jsonPath)
+	if code != 0 {
+		t.Fatalf("bench tiers --backend node: exit %d, stderr %q", code, errs)
+	}
+	for _, want := range []string{"node (embedded service", "memcpy, 2 goroutines", "two engines", "engine 2", "cold batch",
+		"exists of 8 keys", "mismatched pages: 0", "redis: skipped (--no-redis)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	data, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Backend         string  `json:"backend"`
+		Shape           string  `json:"shape"`
+		PutGBps         float64 `json:"put_gbps"`
+		GetGBps         float64 `json:"get_gbps"`
+		PutRatio        float64 `json:"put_ratio"`
+		GetRatio        float64 `json:"get_ratio"`
+		ExistsP50us     float64 `json:"exists_p50_us"`
+		ExistsP99us     float64 `json:"exists_p99_us"`
+		MismatchedPages *int64  `json:"mismatched_pages"`
+		TwoEngines      *struct {
+			PutGBps       float64   `json:"put_gbps"`
+			GetGBps       float64   `json:"get_gbps"`
+			EnginePutGBps []float64 `json:"engine_put_gbps"`
+			PutRatio      float64   `json:"put_ratio"`
+			GetRatio      float64   `json:"get_ratio"`
+		} `json:"two_engines"`
+	}
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Backend != "node" || rep.Shape != "small" || rep.MismatchedPages == nil || *rep.MismatchedPages != 0 || rep.TwoEngines == nil {
+		t.Fatalf("report %s", data)
+	}
+	for name, v := range map[string]float64{"put_gbps": rep.PutGBps, "get_gbps": rep.GetGBps, "put_ratio": rep.PutRatio,
+		"get_ratio": rep.GetRatio, "exists_p50_us": rep.ExistsP50us, "exists_p99_us": rep.ExistsP99us,
+		"two_engines.put_gbps": rep.TwoEngines.PutGBps, "two_engines.get_gbps": rep.TwoEngines.GetGBps,
+		"two_engines.put_ratio": rep.TwoEngines.PutRatio, "two_engines.get_ratio": rep.TwoEngines.GetRatio} {
+		if !(v > 0) {
+			t.Errorf("%s = %v, want positive", name, v)
+		}
+	}
+	if len(rep.TwoEngines.EnginePutGBps) != 2 {
+		t.Errorf("per-engine put figures %v", rep.TwoEngines.EnginePutGBps)
 	}
 }

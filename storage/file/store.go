@@ -65,6 +65,17 @@ type Store struct {
 
 var _ storage.Backend = (*Store)(nil)
 
+// objSpec is what an object part file must be: its format, body length and file length.
+type objSpec struct {
+	format   storage.Format
+	bodyLen  int64
+	fileSize int64
+}
+
+func newObjSpec(format storage.Format, bodyLen int64) objSpec {
+	return objSpec{format: format, bodyLen: bodyLen, fileSize: headerSize + bodyLen}
+}
+
 // poolState is a registered pool.
 type poolState struct {
 	spec      storage.PoolSpec
@@ -76,6 +87,10 @@ type poolState struct {
 	// readOnly says why puts are impossible (the directory is not writable), nil
 	// when they are possible.
 	readOnly error
+}
+
+func (ps *poolState) obj() objSpec {
+	return objSpec{format: ps.format, bodyLen: ps.partBytes, fileSize: ps.fileSize}
 }
 
 // New opens (or creates) the store described by cfg, and scans its directory to
@@ -235,7 +250,7 @@ func (s *Store) Exists(ctx context.Context, poolName string, keys []pagekey.Key)
 		for part := 0; part < ps.parts; part++ {
 			name := ps.names.Object(keys[i], ps.spec.Name, part)
 			rel := relPath(keys[i], name)
-			have, err := s.probe(ps, rel, name, b)
+			have, err := s.probe(ps.obj(), rel, name, b)
 			if err != nil || have != stored {
 				missAt(i)
 				return err
@@ -490,7 +505,7 @@ const (
 
 // probe reads the header of an object part file and says whether it holds the
 // part in the pool's format. A corrupt file is removed and is absent.
-func (s *Store) probe(ps *poolState, rel, name string, b *ioBuf) (presence, error) {
+func (s *Store) probe(o objSpec, rel, name string, b *ioBuf) (presence, error) {
 	path := s.path(rel)
 	fd, err := openFile(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err == unix.ENOENT {
@@ -514,14 +529,16 @@ func (s *Store) probe(ps *poolState, rel, name string, b *ioBuf) (presence, erro
 	case err != nil:
 		_ = s.corrupt(path, rel, &st, err.Error())
 		return absent, nil
-	case h.format != ps.format:
+	case h.format != o.format:
 		return foreign, nil
-	case h.name != name || h.bodyLen != uint64(ps.partBytes) || st.Size != ps.fileSize:
+	case h.name == name && h.bodyLen != uint64(o.bodyLen) && st.Size == headerSize+int64(h.bodyLen):
+		return foreign, nil // a sound object of another length: leave it
+	case h.name != name || h.bodyLen != uint64(o.bodyLen) || st.Size != o.fileSize:
 		_ = s.corrupt(path, rel, &st, fmt.Sprintf("header of %q with a body of %d bytes in a file of %d bytes, want %q, %d and %d",
-			h.name, h.bodyLen, st.Size, name, ps.partBytes, ps.fileSize))
+			h.name, h.bodyLen, st.Size, name, o.bodyLen, o.fileSize))
 		return absent, nil
 	}
-	s.idx.note(rel, fileBytes(ps.partBytes), st.Atim.Nano())
+	s.idx.note(rel, fileBytes(o.bodyLen), st.Atim.Nano())
 	return stored, nil
 }
 
@@ -562,7 +579,13 @@ func (s *Store) corrupt(path, rel string, st *unix.Stat_t, reason string) error 
 // getPart reads one object part into host memory and verifies it.
 func (s *Store) getPart(ps *poolState, key pagekey.Key, page pool.PageID, part int, mem []byte, b *ioBuf) error {
 	name := ps.names.Object(key, ps.spec.Name, part)
-	rel := relPath(key, name)
+	b.body.setSpan(mem, ps.spec.Layout.PageBufferSpan(part, int(page)))
+	return s.readObj(ps.obj(), relPath(key, name), name, b)
+}
+
+// readObj reads the object part at rel into b.body (already pointing at its runs)
+// and verifies it.
+func (s *Store) readObj(o objSpec, rel, name string, b *ioBuf) error {
 	path := s.path(rel)
 	fd, direct, err := s.open(path, unix.O_RDONLY, 0)
 	if err == unix.ENOENT {
@@ -578,10 +601,9 @@ func (s *Store) getPart(ps *poolState, key pagekey.Key, page pool.PageID, part i
 	if err := unix.Fstat(fd, &st); err != nil {
 		return ioError("stat", path, err)
 	}
-	if st.Size != ps.fileSize {
-		return s.wrongLength(ps, fd, path, rel, name, &st, b)
+	if st.Size != o.fileSize {
+		return s.wrongLength(o, fd, path, rel, name, &st, b)
 	}
-	b.body.setSpan(mem, ps.spec.Layout.PageBufferSpan(part, int(page)))
 	err = readFile(fd, b, st.Size, direct)
 	if direct && err == unix.EINVAL {
 		s.directRefused(path, err)
@@ -599,26 +621,26 @@ func (s *Store) getPart(ps *poolState, key pagekey.Key, page pool.PageID, part i
 	switch {
 	case err != nil:
 		return s.corrupt(path, rel, &st, err.Error())
-	case h.format != ps.format:
+	case h.format != o.format:
 		s.stats.misses.Add(1)
 		return fmt.Errorf("file store: object %s is stored in another format (another layout, geometry or page size): %w", name, storage.ErrNotFound)
 	case h.name != name:
 		return s.corrupt(path, rel, &st, fmt.Sprintf("header names object %q", h.name))
-	case h.bodyLen != uint64(ps.partBytes):
-		return s.corrupt(path, rel, &st, fmt.Sprintf("header says %d body bytes, want %d", h.bodyLen, ps.partBytes))
+	case h.bodyLen != uint64(o.bodyLen):
+		return s.corrupt(path, rel, &st, fmt.Sprintf("header says %d body bytes, want %d", h.bodyLen, o.bodyLen))
 	case b.body.sum() != h.bodySum:
 		return s.corrupt(path, rel, &st, "body checksum mismatch")
 	}
 	s.touch(path, &st)
-	s.idx.note(rel, fileBytes(ps.partBytes), time.Now().UnixNano())
+	s.idx.note(rel, fileBytes(o.bodyLen), time.Now().UnixNano())
 	s.stats.reads.Add(1)
-	s.stats.readBytes.Add(ps.partBytes)
+	s.stats.readBytes.Add(o.bodyLen)
 	return nil
 }
 
 // wrongLength judges a file whose length is not the part's: another format's
 // object is a miss and stays, anything else is corrupt.
-func (s *Store) wrongLength(ps *poolState, fd int, path, rel, name string, st *unix.Stat_t, b *ioBuf) error {
+func (s *Store) wrongLength(o objSpec, fd int, path, rel, name string, st *unix.Stat_t, b *ioBuf) error {
 	n, err := preadAt(fd, b.hdr, 0)
 	if err == unix.EINVAL {
 		// A direct descriptor: the header block is aligned, so this is a refusal.
@@ -634,11 +656,16 @@ func (s *Store) wrongLength(ps *poolState, fd int, path, rel, name string, st *u
 	if err != nil {
 		return s.corrupt(path, rel, st, fmt.Sprintf("file of %d bytes: %v", st.Size, err))
 	}
-	if h.format != ps.format {
+	if h.format != o.format {
 		s.stats.misses.Add(1)
 		return fmt.Errorf("file store: object %s is stored in another format (another layout, geometry or page size): %w", name, storage.ErrNotFound)
 	}
-	return s.corrupt(path, rel, st, fmt.Sprintf("file of %d bytes, want %d", st.Size, ps.fileSize))
+	if h.name == name && st.Size == headerSize+int64(h.bodyLen) {
+		// A sound object of another length: the caller asked for the wrong size (a
+		// pool's format fixes the length, so only the object API can get here).
+		return fmt.Errorf("file store: object %s holds %d bytes, %d were asked for: %w", name, h.bodyLen, o.bodyLen, storage.ErrBatch)
+	}
+	return s.corrupt(path, rel, st, fmt.Sprintf("file of %d bytes, want %d", st.Size, o.fileSize))
 }
 
 // touchEvery is how stale a file's atime must be before a read refreshes it: LRU
@@ -657,13 +684,19 @@ func (s *Store) touch(path string, st *unix.Stat_t) {
 	_ = unix.UtimesNanoAt(unix.AT_FDCWD, path, ts, 0)
 }
 
-// putPart writes one object part, unless it is already stored.
-// putPart writes one object part and returns the subdirectory whose entry it
-// renamed into place (to be synced before the put reports success), or "".
+// putPart writes one object part, unless it is already stored, and returns the
+// subdirectory whose entry it renamed into place (to be synced before the put
+// reports success), or "".
 func (s *Store) putPart(ps *poolState, key pagekey.Key, page pool.PageID, part int, mem []byte, b *ioBuf) (string, error) {
 	name := ps.names.Object(key, ps.spec.Name, part)
-	rel := relPath(key, name)
-	switch have, err := s.probe(ps, rel, name, b); {
+	b.body.setSpan(mem, ps.spec.Layout.PageBufferSpan(part, int(page)))
+	return s.writeObj(ps.obj(), relPath(key, name), name, b)
+}
+
+// writeObj stores b.body (already pointing at its runs) as the object part at rel,
+// write-once, and returns the subdirectory to sync, or "" when nothing was renamed.
+func (s *Store) writeObj(o objSpec, rel, name string, b *ioBuf) (string, error) {
+	switch have, err := s.probe(o, rel, name, b); {
 	case err != nil:
 		return "", err
 	case have == stored:
@@ -673,7 +706,7 @@ func (s *Store) putPart(ps *poolState, key pagekey.Key, page pool.PageID, part i
 		s.stats.conflicts.Add(1)
 		return "", nil
 	}
-	size := fileBytes(ps.partBytes)
+	size := fileBytes(o.bodyLen)
 	if err := s.reserve(size); err != nil {
 		return "", err
 	}
@@ -683,8 +716,7 @@ func (s *Store) putPart(ps *poolState, key pagekey.Key, page pool.PageID, part i
 			s.idx.release(size)
 		}
 	}()
-	b.body.setSpan(mem, ps.spec.Layout.PageBufferSpan(part, int(page)))
-	header{bodyLen: uint64(ps.partBytes), format: ps.format, bodySum: b.body.sum(), name: name}.encode(b.hdr)
+	header{bodyLen: uint64(o.bodyLen), format: o.format, bodySum: b.body.sum(), name: name}.encode(b.hdr)
 
 	path := s.path(rel)
 	sub := s.path(rel[:2])
@@ -736,7 +768,7 @@ func (s *Store) putPart(ps *poolState, key pagekey.Key, page pool.PageID, part i
 	s.idx.commit(rel, size, time.Now().UnixNano())
 	committed = true
 	s.stats.writes.Add(1)
-	s.stats.writeBytes.Add(ps.partBytes)
+	s.stats.writeBytes.Add(o.bodyLen)
 	return sub, nil
 }
 

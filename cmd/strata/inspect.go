@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/stratakv/strata/hostmem"
+	"github.com/stratakv/strata/node"
+	"github.com/stratakv/strata/node/wire"
+)
+
+func runInspect(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("inspect", stderr)
+	socket := fs.String("socket", "/run/strata/strata.sock", "the node service's socket")
+	asJSON := fs.Bool("json", false, "print the service's stats document as JSON")
+	timeout := fs.Duration("timeout", 5*time.Second, "give up after this long")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	st, raw, err := fetchStats(ctx, *socket)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		var pretty strings.Builder
+		var v any
+		_ = json.Unmarshal(raw, &v)
+		enc := json.NewEncoder(&pretty)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(v)
+		_, err := io.WriteString(stdout, pretty.String())
+		return err
+	}
+	return writeInspect(stdout, st)
+}
+
+// fetchStats asks the service at socket for its stats document.
+func fetchStats(ctx context.Context, socket string) (node.Stats, []byte, error) {
+	var st node.Stats
+	conn, err := wire.Dial(ctx, socket)
+	if err != nil {
+		return st, nil, fmt.Errorf("connect to the node service at %s: %w (is `strata serve --socket %s` running?)", socket, err, socket)
+	}
+	defer conn.Close()
+	call := func(id uint64, t wire.Type, msg wire.Message) (wire.Message, error) {
+		if err := conn.Send(ctx, t, id, msg); err != nil {
+			return nil, err
+		}
+		_, m, _, err := conn.Recv(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if e, ok := m.(*wire.Error); ok {
+			return nil, e.Err()
+		}
+		return m, nil
+	}
+	if _, err := call(1, wire.TypeHello, wire.Hello{Version: wire.Version, ClientName: "strata-inspect"}); err != nil {
+		return st, nil, fmt.Errorf("hello: %w", err)
+	}
+	m, err := call(2, wire.TypeStats, wire.Stats{})
+	if err != nil {
+		return st, nil, fmt.Errorf("stats: %w", err)
+	}
+	raw := m.(*wire.StatsReply).JSON
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return st, nil, fmt.Errorf("stats document: %w", err)
+	}
+	return st, raw, nil
+}
+
+func writeInspect(w io.Writer, st node.Stats) error {
+	fb := func(n int64) string { return hostmem.FormatBytes(n) }
+	fmt.Fprintf(w, "node service %s  socket %s  admin %s  up %s\n\n", st.Version, st.Socket, st.Admin, st.Uptime.Round(time.Second))
+	a := st.Arena
+	fmt.Fprintf(w, "arena   %s of %s used (%.0f%%), %d objects, %d leased, fragmentation %.2f, evicted %d (spilled %d, dropped %d)\n",
+		fb(a.UsedBytes), fb(a.SizeBytes), 100*float64(a.UsedBytes)/float64(max(a.SizeBytes, 1)), a.Objects, a.LeasedObjects, a.Fragmentation, a.Evictions, a.Spilled, a.Dropped)
+	if s := st.Spill; s != nil {
+		fmt.Fprintf(w, "spill   %s of %s, %d files, %d corrupt removed\n", fb(s.Bytes), fb(s.CapacityBytes), s.Files, s.CorruptRemoved)
+	} else {
+		fmt.Fprintln(w, "spill   none (evicted objects are dropped)")
+	}
+	o := st.Ops
+	fmt.Fprintf(w, "ops     %d puts (%d objects, %s, %d already stored), %d gets: hit ratio %.1f%% (arena %d, spill %d, miss %d), %d promotions\n",
+		o.Puts, o.PutObjects, fb(o.PutBytes), o.PutSkipped, o.Gets, 100*o.HitRatio, o.ArenaHits, o.SpillHits, o.Misses, o.Promotions)
+	fmt.Fprintf(w, "refused %d bad ranges, %d no space, %d corrupt, %d registrations, %d malformed\n\n", o.BadRanges, o.NoSpace, o.Corrupt, o.Refused, o.Malformed)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "client\tname\tpid\tregistered\tsegments\trequests\tin\tout")
+	for _, c := range st.Clients {
+		var segs []string
+		for _, s := range c.Segments {
+			segs = append(segs, fmt.Sprintf("%d:%s %s", s.ID, s.Name, fb(s.Bytes)))
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n", c.ID, c.Name, c.PID, fb(c.RegisteredBytes), strings.Join(segs, ", "), c.Requests, fb(c.BytesIn), fb(c.BytesOut))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, c := range st.Clients {
+		for _, r := range c.Refused {
+			fmt.Fprintf(w, "client %d (%s): registration refused, that pool runs without L3: %s\n", c.ID, c.Name, r)
+		}
+	}
+	return nil
+}

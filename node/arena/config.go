@@ -1,0 +1,81 @@
+package arena
+
+import (
+	"fmt"
+	"log/slog"
+	"math/bits"
+
+	"github.com/stratakv/strata/hostmem"
+)
+
+// MaxKeyBytes is the longest key the arena stores.
+const MaxKeyBytes = 512
+
+// maxAlignment bounds Config.Alignment: larger alignments only waste memory.
+const maxAlignment = 1 << 30
+
+// Config sizes an arena. The zero value is not valid; start from DefaultConfig.
+type Config struct {
+	// SizeBytes is the memory the arena maps and hands out to objects, rounded down
+	// to a multiple of Alignment. It is taken from the host at New (prefaulted by
+	// default), so size it to the node's DRAM budget for L3, not to the wish list.
+	SizeBytes int64 `json:"sizeBytes"`
+	// HighWatermark is the fill, as a fraction of SizeBytes, past which background
+	// eviction starts. 0.90 leaves room for the writes that arrive while it runs.
+	HighWatermark float64 `json:"highWatermark"`
+	// LowWatermark is the fill that background eviction brings the arena down to;
+	// the gap to HighWatermark is what one eviction pass frees, so that evictions
+	// come in batches rather than one per write.
+	LowWatermark float64 `json:"lowWatermark"`
+	// Alignment is the power of two every object's address and allocated length
+	// are multiples of. 4096 lets spill and promotion use O_DIRECT on the objects'
+	// bytes as they lie. 0 means 4096.
+	Alignment int64 `json:"alignment"`
+	// Allocator provides the memory. Nil means an anonymous mmap allocator with
+	// prefaulting and transparent huge pages (hostmem.DefaultConfig(hostmem.Mmap)).
+	Allocator *hostmem.Allocator `json:"-"`
+	// OnEvict is called for each object eviction chooses, before its space is
+	// freed, without the arena's lock held (so it may call Acquire, Contains,
+	// Remove and Stats, but not Reserve, which may wait for this very eviction;
+	// and several calls may run at once from different goroutines). Evicted.Bytes is valid
+	// during the call only. It returns whether the object was kept elsewhere (spilled
+	// to SSD); false counts the object as dropped, and it goes either way. The
+	// object stays readable during the call; one that is leased meanwhile is kept
+	// and becomes most recently used. Nil drops every victim.
+	OnEvict func(obj Evicted) bool `json:"-"`
+	// Logger receives a warning when Close finds leases or writes still held, and
+	// at debug level each eviction pass and one that stops above the low watermark
+	// because the rest is leased or being written. Nil means slog.Default().
+	Logger *slog.Logger `json:"-"`
+}
+
+// DefaultConfig returns a Config for an arena of size bytes with watermarks at 90 %
+// and 85 % and 4 KiB alignment.
+func DefaultConfig(size int64) Config {
+	return Config{SizeBytes: size, HighWatermark: 0.90, LowWatermark: 0.85, Alignment: 4096}
+}
+
+// validate checks c and fills its defaults.
+func (c *Config) validate() error {
+	if c.Alignment == 0 {
+		c.Alignment = 4096
+	}
+	if c.Alignment < 0 || c.Alignment > maxAlignment || bits.OnesCount64(uint64(c.Alignment)) != 1 {
+		return fmt.Errorf("arena: alignment %d is not a power of two up to 1 GiB; use 4096: %w", c.Alignment, ErrConfig)
+	}
+	if c.SizeBytes <= 0 {
+		return fmt.Errorf("arena: size must be positive, got %d: %w", c.SizeBytes, ErrConfig)
+	}
+	if c.SizeBytes < c.Alignment {
+		return fmt.Errorf("arena: size %d is smaller than the alignment %d: %w", c.SizeBytes, c.Alignment, ErrConfig)
+	}
+	// The negated comparisons also refuse NaN.
+	if !(c.LowWatermark > 0 && c.LowWatermark < c.HighWatermark && c.HighWatermark <= 1) {
+		return fmt.Errorf("arena: watermarks low %v and high %v: want 0 < low < high <= 1, e.g. 0.85 and 0.90: %w",
+			c.LowWatermark, c.HighWatermark, ErrConfig)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}

@@ -1,0 +1,39 @@
+package arena
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/stratakv/strata/storage"
+)
+
+// ErrConfig reports an arena configuration that cannot work.
+var ErrConfig = errors.New("invalid arena configuration")
+
+// The errors of the arena's operations. Those with a storage counterpart wrap it,
+// so that errors.Is(err, storage.ErrNoSpace) and storage.FaultKind classify an
+// arena's error the way they classify any backend's.
+var (
+	// ErrNotFound: no committed object has the key (it never did, it was evicted or
+	// removed, or it is still being written). A miss, not a fault.
+	ErrNotFound = fmt.Errorf("arena: %w", storage.ErrNotFound)
+	// ErrFormat: the key names an object of another format. Treat it as a miss.
+	ErrFormat = errors.New("arena object has another format")
+	// ErrExists: Reserve found the key committed or being written. Objects are
+	// write-once, so a writer treats this as success and moves no data.
+	ErrExists = errors.New("arena object exists")
+	// ErrNoSpace: no free extent fits the object even after evicting every object
+	// that could be evicted; the rest is leased or being written.
+	ErrNoSpace = fmt.Errorf("arena: %w", storage.ErrNoSpace)
+	// ErrKey: a key that is empty or longer than MaxKeyBytes.
+	ErrKey = errors.New("invalid arena key")
+	// ErrSize: an object size that is not positive.
+	ErrSize = errors.New("invalid arena object size")
+	// ErrDone: Commit of a pending write that was already committed or aborted.
+	ErrDone = errors.New("arena write already finished")
+	// ErrClosed: the arena was closed.
+	ErrClosed = fmt.Errorf("arena: %w", storage.ErrClosed)
+	// ErrExtent: Extents.Free of a range that is not an allocated extent (a double
+	// free, a foreign offset, or the wrong length). The allocator is unchanged.
+	ErrExtent = errors.New("not an allocated extent")
+)

@@ -1,0 +1,348 @@
+package arena
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+)
+
+// Extents is an offset allocator: it hands out extents (runs of consecutive units)
+// of the range [0, size) and takes them back. The arena uses it in units of its
+// alignment, so that every object starts on an aligned address.
+//
+// Placement is best fit: Alloc takes the smallest free extent that holds n units,
+// and of equal-sized ones the lowest offset, and carves the object from that
+// extent's low end. Best fit leaves the large extents whole for the large objects
+// (a page part is anything from 64 KiB to 8 MiB, so a first fit would chip the big
+// holes for small objects); the lowest offset among equals packs objects towards
+// the start, so that free space gathers at the end and coalesces there.
+//
+// Free extents sit in two places: a treap ordered by (size, offset), which finds
+// the best fit and the largest extent in O(log n), and two maps by start and by
+// end, which find the neighbours a freed extent merges with in O(1). Free extents
+// are always maximal: no two touch. Allocated extents are kept in a map, so Free
+// checks that it is given exactly an allocated extent and refuses anything else
+// with ErrExtent instead of corrupting the free lists.
+//
+// An Extents is not safe for concurrent use; the arena calls it under its lock.
+type Extents struct {
+	size     int64
+	free     int64 // free units
+	root     *freeExtent
+	byStart  map[int64]*freeExtent // free extents by first unit
+	byEnd    map[int64]*freeExtent // free extents by the unit after their last
+	alloc    map[int64]int64       // allocated extents: offset → length
+	rng      uint64                // treap priorities
+	recycled *freeExtent           // spare nodes, linked through right
+}
+
+// freeExtent is a free extent and its treap node: a binary search tree by
+// (n, off) that is a max-heap by prio.
+type freeExtent struct {
+	off, n      int64
+	prio        uint64
+	left, right *freeExtent
+}
+
+// NewExtents returns an allocator of size units, all free in one extent. A size
+// that is not positive gives an allocator with nothing to hand out.
+func NewExtents(size int64) *Extents {
+	x := &Extents{
+		size:    max(size, 0),
+		byStart: map[int64]*freeExtent{},
+		byEnd:   map[int64]*freeExtent{},
+		alloc:   map[int64]int64{},
+		rng:     0x9e3779b97f4a7c15,
+	}
+	if x.size > 0 {
+		x.insertFree(0, x.size)
+	}
+	return x
+}
+
+// Size is the number of units the allocator manages.
+func (x *Extents) Size() int64 { return x.size }
+
+// FreeUnits is the number of units in free extents.
+func (x *Extents) FreeUnits() int64 { return x.free }
+
+// UsedUnits is the number of units in allocated extents.
+func (x *Extents) UsedUnits() int64 { return x.size - x.free }
+
+// FreeExtents is the number of free extents (maximal runs of free units).
+func (x *Extents) FreeExtents() int { return len(x.byStart) }
+
+// AllocatedExtents is the number of extents handed out and not yet freed.
+func (x *Extents) AllocatedExtents() int { return len(x.alloc) }
+
+// LargestFree is the length of the largest free extent, 0 when nothing is free.
+func (x *Extents) LargestFree() int64 {
+	t := x.root
+	if t == nil {
+		return 0
+	}
+	for t.right != nil {
+		t = t.right
+	}
+	return t.n
+}
+
+// Fragmentation is 1 - LargestFree/FreeUnits: 0 when the free units form one
+// extent (or none are free), towards 1 when they are scattered in small pieces.
+func (x *Extents) Fragmentation() float64 {
+	if x.free == 0 {
+		return 0
+	}
+	return 1 - float64(x.LargestFree())/float64(x.free)
+}
+
+// Alloc hands out an extent of n units and returns its offset, or false when no
+// free extent holds n units (or n is not positive).
+func (x *Extents) Alloc(n int64) (off int64, ok bool) {
+	if n <= 0 {
+		return 0, false
+	}
+	best := x.bestFit(n)
+	if best == nil {
+		return 0, false
+	}
+	off, rest := best.off, best.n-n
+	x.removeFree(best)
+	if rest > 0 {
+		x.insertFree(off+n, rest)
+	}
+	x.alloc[off] = n
+	return off, true
+}
+
+// Free returns the extent [off, off+n), which Alloc handed out with exactly that
+// offset and length, and merges it with the free extents it touches. Anything
+// else (a double free, an unknown offset, the wrong length) is refused with
+// ErrExtent and changes nothing.
+func (x *Extents) Free(off, n int64) error {
+	got, ok := x.alloc[off]
+	if !ok {
+		return fmt.Errorf("free [%d, +%d): no extent is allocated at %d (double free or foreign offset): %w", off, n, off, ErrExtent)
+	}
+	if got != n {
+		return fmt.Errorf("free [%d, +%d): the extent allocated there has %d units: %w", off, n, got, ErrExtent)
+	}
+	delete(x.alloc, off)
+	start, end := off, off+n
+	if left := x.byEnd[start]; left != nil {
+		start = left.off
+		x.removeFree(left)
+	}
+	if right := x.byStart[end]; right != nil {
+		end = right.off + right.n
+		x.removeFree(right)
+	}
+	x.insertFree(start, end-start)
+	return nil
+}
+
+// Allocated calls fn for every allocated extent, in no particular order, until fn
+// returns false.
+func (x *Extents) Allocated(fn func(off, n int64) bool) {
+	for off, n := range x.alloc {
+		if !fn(off, n) {
+			return
+		}
+	}
+}
+
+// FreeList calls fn for every free extent in (length, offset) order, the order
+// Alloc considers them in, until fn returns false.
+func (x *Extents) FreeList(fn func(off, n int64) bool) {
+	var stack []*freeExtent
+	for t := x.root; t != nil || len(stack) > 0; {
+		for ; t != nil; t = t.left {
+			stack = append(stack, t)
+		}
+		t = stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if !fn(t.off, t.n) {
+			return
+		}
+		t = t.right
+	}
+}
+
+// Check verifies the allocator's invariants and returns the first violation: the
+// treap's order and heap property, the maps agreeing with it, free extents
+// maximal, free and allocated extents tiling [0, size) without overlap, and the
+// counters. It walks everything; tests and debugging use it.
+func (x *Extents) Check() error {
+	type ext struct {
+		off, n int64
+		free   bool
+	}
+	var all []ext
+	var free, nodes int64
+	var walk func(t *freeExtent, lo, hi *freeExtent) error
+	walk = func(t *freeExtent, lo, hi *freeExtent) error {
+		if t == nil {
+			return nil
+		}
+		nodes++
+		if lo != nil && !less(lo, t) || hi != nil && !less(t, hi) {
+			return fmt.Errorf("free extent [%d, +%d) is out of (size, offset) order", t.off, t.n)
+		}
+		for _, c := range []*freeExtent{t.left, t.right} {
+			if c != nil && c.prio > t.prio {
+				return fmt.Errorf("free extent [%d, +%d) breaks the heap order", c.off, c.n)
+			}
+		}
+		if t.n <= 0 || t.off < 0 || t.off+t.n > x.size {
+			return fmt.Errorf("free extent [%d, +%d) outside [0, %d)", t.off, t.n, x.size)
+		}
+		if x.byStart[t.off] != t || x.byEnd[t.off+t.n] != t {
+			return fmt.Errorf("free extent [%d, +%d) is missing from the offset maps", t.off, t.n)
+		}
+		free += t.n
+		all = append(all, ext{t.off, t.n, true})
+		if err := walk(t.left, lo, t); err != nil {
+			return err
+		}
+		return walk(t.right, t, hi)
+	}
+	if err := walk(x.root, nil, nil); err != nil {
+		return err
+	}
+	if nodes != int64(len(x.byStart)) || nodes != int64(len(x.byEnd)) {
+		return fmt.Errorf("%d free extents in the tree, %d and %d in the offset maps", nodes, len(x.byStart), len(x.byEnd))
+	}
+	if free != x.free {
+		return fmt.Errorf("free extents hold %d units, the counter says %d", free, x.free)
+	}
+	for off, n := range x.alloc {
+		all = append(all, ext{off, n, false})
+	}
+	slices.SortFunc(all, func(a, b ext) int { return cmp.Compare(a.off, b.off) })
+	next := int64(0)
+	for i, e := range all {
+		if e.off != next {
+			return fmt.Errorf("extent [%d, +%d) does not start where the one before ends (%d): overlap or leak", e.off, e.n, next)
+		}
+		if e.n <= 0 {
+			return fmt.Errorf("extent at %d has length %d", e.off, e.n)
+		}
+		if e.free && i > 0 && all[i-1].free {
+			return fmt.Errorf("free extents at %d and %d touch and were not merged", all[i-1].off, e.off)
+		}
+		next = e.off + e.n
+	}
+	if next != x.size {
+		return fmt.Errorf("extents cover [0, %d) of [0, %d)", next, x.size)
+	}
+	return nil
+}
+
+// bestFit is the free extent with the least (n, off) of those at least n long.
+func (x *Extents) bestFit(n int64) *freeExtent {
+	var best *freeExtent
+	for t := x.root; t != nil; {
+		if t.n >= n {
+			best, t = t, t.left
+		} else {
+			t = t.right
+		}
+	}
+	return best
+}
+
+func (x *Extents) insertFree(off, n int64) {
+	e := x.recycled
+	if e != nil {
+		x.recycled = e.right
+		*e = freeExtent{}
+	} else {
+		e = &freeExtent{}
+	}
+	// xorshift64: priorities need only be independent of the keys.
+	x.rng ^= x.rng << 13
+	x.rng ^= x.rng >> 7
+	x.rng ^= x.rng << 17
+	e.off, e.n, e.prio = off, n, x.rng
+	x.root = insertNode(x.root, e)
+	x.byStart[off] = e
+	x.byEnd[off+n] = e
+	x.free += n
+}
+
+func (x *Extents) removeFree(e *freeExtent) {
+	x.root = deleteNode(x.root, e)
+	delete(x.byStart, e.off)
+	delete(x.byEnd, e.off+e.n)
+	x.free -= e.n
+	*e = freeExtent{right: x.recycled}
+	x.recycled = e
+}
+
+// less orders free extents by length, then offset.
+func less(a, b *freeExtent) bool {
+	if a.n != b.n {
+		return a.n < b.n
+	}
+	return a.off < b.off
+}
+
+// insertNode adds e to the treap t: it descends by key until e's priority wins,
+// then splits the subtree there around e.
+func insertNode(t, e *freeExtent) *freeExtent {
+	if t == nil {
+		return e
+	}
+	if e.prio > t.prio {
+		e.left, e.right = split(t, e)
+		return e
+	}
+	if less(e, t) {
+		t.left = insertNode(t.left, e)
+	} else {
+		t.right = insertNode(t.right, e)
+	}
+	return t
+}
+
+// split divides t into the nodes ordered before e and those after it.
+func split(t, e *freeExtent) (l, r *freeExtent) {
+	if t == nil {
+		return nil, nil
+	}
+	if less(t, e) {
+		t.right, r = split(t.right, e)
+		return t, r
+	}
+	l, t.left = split(t.left, e)
+	return l, t
+}
+
+// deleteNode removes e, which is in t, and joins its children in its place.
+func deleteNode(t, e *freeExtent) *freeExtent {
+	if t == e {
+		return merge(t.left, t.right)
+	}
+	if less(e, t) {
+		t.left = deleteNode(t.left, e)
+	} else {
+		t.right = deleteNode(t.right, e)
+	}
+	return t
+}
+
+// merge joins treaps l and r, every node of l ordered before every node of r.
+func merge(l, r *freeExtent) *freeExtent {
+	switch {
+	case l == nil:
+		return r
+	case r == nil:
+		return l
+	case l.prio > r.prio:
+		l.right = merge(l.right, r)
+		return l
+	default:
+		r.left = merge(l, r.left)
+		return r
+	}
+}

@@ -1,0 +1,160 @@
+package arena
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/stratakv/strata/hostmem"
+)
+
+// Pending is a reserved, unpublished object: its writer fills Bytes, then Commits
+// or Aborts. Until then the object is invisible to readers and never evicted. A
+// Pending is used by one goroutine.
+//
+// Every Reserve must end in Commit or Abort, also when the writer fails: a
+// server's connection goroutine that ends with writes in flight must Abort them,
+// or their space stays taken until the arena is closed. `defer p.Abort()` right
+// after Reserve does it, since Abort after Commit does nothing.
+type Pending struct {
+	a    *Arena
+	obj  *object
+	b    []byte
+	done atomic.Bool
+}
+
+// Reserve allocates size bytes for the object key of the given format. It fails
+// with ErrExists if the key is committed or being written (objects are
+// write-once, and a writer treats that as success; errors.Is(err, ErrFormat) also
+// holds when the existing object has another format), and with ErrNoSpace when
+// no free extent fits even after evicting every object that can be evicted (the
+// rest is leased or pending). When the free space does not fit the object it
+// evicts synchronously, least recently used first, calling OnEvict for each
+// victim. It does not wait for leases to end, so it never blocks for long; it
+// only waits for evictions that other goroutines have in flight.
+//
+// The Pending must end in Commit or Abort, whatever happens to the writer: see
+// Pending.
+func (a *Arena) Reserve(key string, format uint64, size int64) (*Pending, error) {
+	if err := a.checkKey(key); err != nil {
+		return nil, fmt.Errorf("reserve: %w", err)
+	}
+	if size <= 0 {
+		return nil, fmt.Errorf("reserve %q: size %d must be positive: %w", key, size, ErrSize)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if size > a.size {
+		a.noSpace++
+		return nil, fmt.Errorf("reserve %q: %s is larger than the whole arena (%s); raise the arena size: %w",
+			key, hostmem.FormatBytes(size), hostmem.FormatBytes(a.size), ErrNoSpace)
+	}
+	span := (size + a.unit - 1) / a.unit * a.unit
+	// Each victim tried is evicted or, if read during OnEvict, moved to the front;
+	// trying twice as many as there are objects is more than enough to go round.
+	budget := 2*len(a.objects) + 2
+	for {
+		if a.closed {
+			return nil, fmt.Errorf("reserve %q: %w", key, ErrClosed)
+		}
+		if o := a.objects[key]; o != nil {
+			if o.format != format {
+				return nil, fmt.Errorf("reserve %q: held by an object of format %#x, not %#x: %w (%w)", key, o.format, format, ErrExists, ErrFormat)
+			}
+			return nil, fmt.Errorf("reserve %q: %w", key, ErrExists)
+		}
+		if unit, ok := a.ext.Alloc(span / a.unit); ok {
+			o := &object{key: key, format: format, off: unit * a.unit, size: size, span: span, state: pending}
+			a.objects[key] = o
+			a.pending++
+			a.pendingBytes += span
+			a.kickLocked()
+			return &Pending{a: a, obj: o, b: a.bytesOf(o)}, nil
+		}
+		if v := a.lru.back(); v != nil && budget > 0 {
+			budget--
+			a.evictLocked(v)
+			continue
+		}
+		if a.inflight > 0 {
+			// Another goroutine's OnEvict runs; its victim's space may fit.
+			a.cond.Wait()
+			continue
+		}
+		a.noSpace++
+		return nil, fmt.Errorf("reserve %q: no free extent fits %s; %s free in %d extents (largest %s), %d objects leased, %s being written: %w",
+			key, hostmem.FormatBytes(span), hostmem.FormatBytes(a.ext.FreeUnits()*a.unit), a.ext.FreeExtents(),
+			hostmem.FormatBytes(a.ext.LargestFree()*a.unit), a.leased, hostmem.FormatBytes(a.pendingBytes), ErrNoSpace)
+	}
+}
+
+// Key is the key the object is reserved under.
+func (p *Pending) Key() string { return p.obj.key }
+
+// Bytes is the reserved region, exactly the reserved size long; nil after Commit
+// or Abort.
+func (p *Pending) Bytes() []byte {
+	if p.done.Load() {
+		return nil
+	}
+	return p.b
+}
+
+// Commit publishes the object: from now on readers find it, and it is the most
+// recently used. It fails with ErrDone after Commit or Abort, and with ErrClosed
+// (dropping the object) after the arena's Close.
+func (p *Pending) Commit() error {
+	a, o := p.a, p.obj
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if p.done.Load() {
+		return fmt.Errorf("commit %q: %w", o.key, ErrDone)
+	}
+	p.done.Store(true)
+	a.pending--
+	a.pendingBytes -= o.span
+	if a.closed {
+		a.dropLocked(o)
+		if err := a.unmapLocked(); err != nil {
+			a.cfg.Logger.Warn("arena: releasing memory after close", "err", err)
+		}
+		return fmt.Errorf("commit %q: %w", o.key, ErrClosed)
+	}
+	o.state = committed
+	a.committed++
+	a.committedBytes += o.size
+	a.lru.pushFront(o)
+	a.kickLocked()
+	return nil
+}
+
+// Abort frees the reservation. It does nothing after Commit or Abort, so a writer
+// can defer it right after Reserve.
+func (p *Pending) Abort() {
+	a, o := p.a, p.obj
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if p.done.Load() {
+		return
+	}
+	p.done.Store(true)
+	a.pending--
+	a.pendingBytes -= o.span
+	a.dropLocked(o)
+	if err := a.unmapLocked(); err != nil {
+		a.cfg.Logger.Warn("arena: releasing memory after close", "err", err)
+	}
+}
+
+// dropLocked takes a pending object out of the index and frees its space.
+func (a *Arena) dropLocked(o *object) {
+	delete(a.objects, o.key)
+	o.state = gone
+	a.freeLocked(o)
+}
+
+func (a *Arena) checkKey(key string) error {
+	if key == "" || len(key) > MaxKeyBytes {
+		return fmt.Errorf("arena key of %d bytes: want 1 to %d: %w", len(key), MaxKeyBytes, ErrKey)
+	}
+	return nil
+}

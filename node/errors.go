@@ -1,0 +1,9 @@
+package node
+
+import "errors"
+
+// ErrConfig reports a service configuration that cannot run.
+var ErrConfig = errors.New("invalid node service configuration")
+
+// ErrClosed reports use of a closed service.
+var ErrClosed = errors.New("node service closed")

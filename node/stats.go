@@ -1,0 +1,131 @@
+package node
+
+import (
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/stratakv/strata/node/arena"
+	"github.com/stratakv/strata/storage/file"
+)
+
+// counters are the service's totals.
+type counters struct {
+	puts, putObjects, putBytes, putSkipped          atomic.Int64
+	gets, arenaHits, spillHits, misses, getBytes    atomic.Int64
+	promotions, exists, removes                     atomic.Int64
+	badRanges, noSpace, corrupt, refused, malformed atomic.Int64
+	spillErrors                                     atomic.Int64
+}
+
+// Stats is the service's state: what `strata inspect` prints and /stats serves.
+type Stats struct {
+	Version string        `json:"version"`
+	Uptime  time.Duration `json:"uptime"`
+	Socket  string        `json:"socket"`
+	Admin   string        `json:"admin,omitempty"`
+	// Clients lists the connected clients with their segments.
+	Clients []ClientStats `json:"clients"`
+	// Arena is the DRAM tier, Spill the SSD tier (nil without one).
+	Arena arena.Stats `json:"arena"`
+	Spill *file.Stats `json:"spill,omitempty"`
+	// Ops counts requests and objects since the service started.
+	Ops OpStats `json:"ops"`
+}
+
+// OpStats counts what the service did.
+type OpStats struct {
+	Puts        int64   `json:"puts"`
+	PutObjects  int64   `json:"putObjects"`
+	PutBytes    int64   `json:"putBytes"`
+	PutSkipped  int64   `json:"putSkipped"`
+	Gets        int64   `json:"gets"`
+	ArenaHits   int64   `json:"arenaHits"`
+	SpillHits   int64   `json:"spillHits"`
+	Misses      int64   `json:"misses"`
+	GetBytes    int64   `json:"getBytes"`
+	Promotions  int64   `json:"promotions"`
+	Exists      int64   `json:"exists"`
+	Removes     int64   `json:"removes"`
+	BadRanges   int64   `json:"badRanges"`
+	NoSpace     int64   `json:"noSpace"`
+	Corrupt     int64   `json:"corrupt"`
+	Refused     int64   `json:"refusedRegistrations"`
+	Malformed   int64   `json:"malformed"`
+	SpillErrors int64   `json:"spillErrors"`
+	HitRatio    float64 `json:"hitRatio"`
+}
+
+// ClientStats is one connected client.
+type ClientStats struct {
+	ID              uint64         `json:"id"`
+	Name            string         `json:"name"`
+	PID             int            `json:"pid"`
+	UID             int            `json:"uid"`
+	RegisteredBytes int64          `json:"registeredBytes"`
+	Segments        []SegmentStats `json:"segments"`
+	// Refused lists registrations the service refused, with the reason: those
+	// pools run without L3.
+	Refused  []string `json:"refused,omitempty"`
+	Requests int64    `json:"requests"`
+	Objects  int64    `json:"objects"`
+	BytesIn  int64    `json:"bytesIn"`
+	BytesOut int64    `json:"bytesOut"`
+}
+
+// SegmentStats is one registered segment (a host pool).
+type SegmentStats struct {
+	ID    uint32 `json:"id"`
+	Name  string `json:"name"`
+	Bytes int64  `json:"bytes"`
+}
+
+// Stats returns a snapshot of the service.
+func (s *Server) Stats() Stats {
+	st := Stats{
+		Version: serverVersion(),
+		Uptime:  time.Since(s.started).Round(time.Millisecond),
+		Socket:  s.cfg.Socket,
+		Admin:   s.AdminAddr(),
+		Arena:   s.arena.Stats(),
+	}
+	if s.spill != nil {
+		fs := s.spill.Stats()
+		st.Spill = &fs
+	}
+	c := &s.st
+	st.Ops = OpStats{
+		Puts: c.puts.Load(), PutObjects: c.putObjects.Load(), PutBytes: c.putBytes.Load(), PutSkipped: c.putSkipped.Load(),
+		Gets: c.gets.Load(), ArenaHits: c.arenaHits.Load(), SpillHits: c.spillHits.Load(), Misses: c.misses.Load(),
+		GetBytes: c.getBytes.Load(), Promotions: c.promotions.Load(), Exists: c.exists.Load(), Removes: c.removes.Load(),
+		BadRanges: c.badRanges.Load(), NoSpace: c.noSpace.Load(), Corrupt: c.corrupt.Load(), Refused: c.refused.Load(),
+		Malformed: c.malformed.Load(), SpillErrors: c.spillErrors.Load(),
+	}
+	if n := st.Ops.ArenaHits + st.Ops.SpillHits + st.Ops.Misses; n > 0 {
+		st.Ops.HitRatio = float64(st.Ops.ArenaHits+st.Ops.SpillHits) / float64(n)
+	}
+	s.mu.Lock()
+	sessions := make([]*session, 0, len(s.sessions))
+	for _, c := range s.sessions {
+		sessions = append(sessions, c)
+	}
+	s.mu.Unlock()
+	for _, c := range sessions {
+		if !c.hello.Load() {
+			continue
+		}
+		cs := ClientStats{ID: c.id, Name: c.name, PID: c.pid, UID: c.uid,
+			Requests: c.ops.Load(), Objects: c.objects.Load(), BytesIn: c.bytesIn.Load(), BytesOut: c.bytesOut.Load()}
+		c.mu.Lock()
+		cs.RegisteredBytes = c.registered
+		cs.Refused = append([]string(nil), c.refused...)
+		for _, seg := range c.segments {
+			cs.Segments = append(cs.Segments, SegmentStats{ID: seg.id, Name: seg.name, Bytes: int64(len(seg.mem))})
+		}
+		c.mu.Unlock()
+		sort.Slice(cs.Segments, func(i, j int) bool { return cs.Segments[i].ID < cs.Segments[j].ID })
+		st.Clients = append(st.Clients, cs)
+	}
+	sort.Slice(st.Clients, func(i, j int) bool { return st.Clients[i].ID < st.Clients[j].ID })
+	return st
+}

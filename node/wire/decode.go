@@ -1,0 +1,565 @@
+package wire
+
+import (
+	"math"
+	"strconv"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// Decode decodes and validates the body of a frame of type t. It returns a pointer
+// to the concrete message (*Hello, *Put, ...). Malformed input, of any kind, is an
+// error wrapping ErrMalformed; Decode never panics. Strings and bytes in the
+// message are copies: body may be reused once Decode returns.
+//
+// Like any protobuf decoder it skips fields it does not know (so a newer peer can
+// add fields) and lets the last of repeated scalar fields win, but it rejects a
+// known field of the wrong wire type, groups, enum values it does not know and
+// integers out of their field's range.
+func Decode(t Type, body []byte) (Message, error) {
+	if !t.Valid() {
+		return nil, malformed("unknown message type %d (known: %d to %d)", uint8(t), TypeHello, maxType)
+	}
+	if len(body) > MaxBody {
+		return nil, malformed("%s body of %d bytes, at most %d", t, len(body), MaxBody)
+	}
+	m := newMessage(t)
+	if err := m.(unmarshaler).unmarshal(body); err != nil {
+		return nil, prefix(t.String(), err)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, prefix(t.String(), err)
+	}
+	return m, nil
+}
+
+type unmarshaler interface{ unmarshal(b []byte) error }
+
+// prefix puts what in front of err's text, keeping it wrapped.
+func prefix(what string, err error) error { return &prefixed{what, err} }
+
+type prefixed struct {
+	what string
+	err  error
+}
+
+func (p *prefixed) Error() string { return p.what + ": " + p.err.Error() }
+func (p *prefixed) Unwrap() error { return p.err }
+
+// fields walks the fields of one encoded protobuf message.
+type fields struct {
+	b   []byte
+	num protowire.Number
+	typ protowire.Type
+	v   uint64 // the value of a varint, fixed32 or fixed64 field
+	val []byte // the contents of a length-delimited field
+}
+
+// next reads the next field; false at the end of the message.
+func (f *fields) next() (bool, error) {
+	if len(f.b) == 0 {
+		return false, nil
+	}
+	num, typ, n := protowire.ConsumeTag(f.b)
+	if n < 0 {
+		return false, malformed("bad field tag: %v", protowire.ParseError(n))
+	}
+	f.b = f.b[n:]
+	f.num, f.typ, f.val = num, typ, nil
+	switch typ {
+	case protowire.VarintType:
+		f.v, n = protowire.ConsumeVarint(f.b)
+	case protowire.Fixed32Type:
+		var v uint32
+		v, n = protowire.ConsumeFixed32(f.b)
+		f.v = uint64(v)
+	case protowire.Fixed64Type:
+		f.v, n = protowire.ConsumeFixed64(f.b)
+	case protowire.BytesType:
+		f.val, n = protowire.ConsumeBytes(f.b)
+	default:
+		return false, malformed("field %d has wire type %d; groups and reserved wire types are not used", num, typ)
+	}
+	if n < 0 {
+		return false, malformed("field %d: %v", num, protowire.ParseError(n))
+	}
+	f.b = f.b[n:]
+	return true, nil
+}
+
+// want checks that the current field, called name, has wire type typ.
+func (f *fields) want(name string, typ protowire.Type) error {
+	if f.typ != typ {
+		return malformed("field %d (%s) has wire type %d, want %d", f.num, name, f.typ, typ)
+	}
+	return nil
+}
+
+func (f *fields) varint(name string) (uint64, error) {
+	return f.v, f.want(name, protowire.VarintType)
+}
+
+func (f *fields) uint32(name string) (uint32, error) {
+	if err := f.want(name, protowire.VarintType); err != nil {
+		return 0, err
+	}
+	if f.v > math.MaxUint32 {
+		return 0, malformed("%s %d out of range (uint32)", name, f.v)
+	}
+	return uint32(f.v), nil
+}
+
+func (f *fields) int32(name string) (int32, error) {
+	if err := f.want(name, protowire.VarintType); err != nil {
+		return 0, err
+	}
+	v := int64(f.v)
+	if v < math.MinInt32 || v > math.MaxInt32 {
+		return 0, malformed("%s %d out of range (int32)", name, v)
+	}
+	return int32(v), nil
+}
+
+func (f *fields) fixed64(name string) (uint64, error) {
+	return f.v, f.want(name, protowire.Fixed64Type)
+}
+
+func (f *fields) status(name string) (Status, error) {
+	if err := f.want(name, protowire.VarintType); err != nil {
+		return 0, err
+	}
+	if f.v > uint64(maxStatus) {
+		return 0, malformed("%s %d is not a known status (0 to %d)", name, f.v, maxStatus)
+	}
+	return Status(f.v), nil
+}
+
+// string returns the field's contents as a new string. The length limit is checked
+// here, before the copy; UTF-8 and syntax are checked by Validate.
+func (f *fields) string(name string, max int) (string, error) {
+	if err := f.want(name, protowire.BytesType); err != nil {
+		return "", err
+	}
+	if len(f.val) > max {
+		return "", malformed("%s is %d bytes, at most %d", name, len(f.val), max)
+	}
+	return string(f.val), nil
+}
+
+// count returns how many fields numbered num the message b has, at most limit; more
+// is an error. It sizes slices before they are filled, so that a hostile count
+// costs no allocation.
+func count(b []byte, num protowire.Number, name string, limit int) (int, error) {
+	f := fields{b: b}
+	n := 0
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return n, err
+		}
+		if f.num == num {
+			if n++; n > limit {
+				return 0, malformed("more than %d %s", limit, name)
+			}
+		}
+	}
+}
+
+func (m *Hello) unmarshal(b []byte) error {
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return err
+		}
+		switch f.num {
+		case fHelloVersion:
+			m.Version, err = f.uint32("version")
+		case fHelloClientName:
+			m.ClientName, err = f.string("client name", MaxName)
+		case fHelloPID:
+			m.PID, err = f.int32("pid")
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (m *HelloReply) unmarshal(b []byte) error {
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return err
+		}
+		switch f.num {
+		case fHelloReplyClientID:
+			m.ClientID, err = f.varint("client id")
+		case fHelloReplyServerVersion:
+			m.ServerVersion, err = f.string("server version", MaxName)
+		case fHelloReplyMaxBatch:
+			m.MaxBatch, err = f.uint32("max batch")
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (m *RegisterSegment) unmarshal(b []byte) error {
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return err
+		}
+		switch f.num {
+		case fRegisterSize:
+			m.Size, err = f.varint("size")
+		case fRegisterName:
+			m.Name, err = f.string("name", MaxName)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func unmarshalSegmentID(b []byte, id *uint32) error {
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return err
+		}
+		if f.num == fSegmentID {
+			if *id, err = f.uint32("segment id"); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (m *RegisterSegmentReply) unmarshal(b []byte) error {
+	return unmarshalSegmentID(b, &m.SegmentID)
+}
+
+func (m *UnregisterSegment) unmarshal(b []byte) error {
+	return unmarshalSegmentID(b, &m.SegmentID)
+}
+
+// unmarshalKeys collects the keys (field num) of b; other fields go to other.
+func unmarshalKeys(b []byte, num protowire.Number, other func(f *fields) error) ([]string, error) {
+	n, err := count(b, num, "keys", MaxItems)
+	if err != nil || n == 0 && other == nil {
+		return nil, err
+	}
+	var keys []string
+	if n > 0 {
+		keys = make([]string, 0, n)
+	}
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return keys, err
+		}
+		if f.num == num {
+			k, err := f.string("key", MaxKey)
+			if err != nil {
+				return nil, prefixIndex("keys", len(keys), err)
+			}
+			keys = append(keys, k)
+		} else if other != nil {
+			if err := other(&f); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+func (m *Exists) unmarshal(b []byte) (err error) {
+	m.Keys, err = unmarshalKeys(b, fExistsKeys, func(f *fields) (err error) {
+		if f.num == fExistsFormat {
+			m.Format, err = f.fixed64("format")
+		}
+		return err
+	})
+	return err
+}
+
+func (m *ExistsReply) unmarshal(b []byte) error {
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return err
+		}
+		if f.num == fExistsReplyPresent {
+			if m.Present, err = f.uint32("present"); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (r *Range) unmarshal(b []byte) error {
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return err
+		}
+		switch f.num {
+		case fRangeSegment:
+			r.Segment, err = f.uint32("segment")
+		case fRangeOffset:
+			r.Offset, err = f.varint("offset")
+		case fRangeLength:
+			r.Length, err = f.varint("length")
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// unmarshal decodes an item. Its ranges are appended to room[:0], which has space
+// for all of them (they were counted beforehand), so they cost no allocation.
+func (it *Item) unmarshal(b []byte, room []Range) error {
+	it.Ranges = room[:0]
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		switch f.num {
+		case fItemKey:
+			it.Key, err = f.string("key", MaxKey)
+		case fItemFormat:
+			it.Format, err = f.fixed64("format")
+		case fItemRanges:
+			if err = f.want("ranges", protowire.BytesType); err == nil {
+				i := len(it.Ranges)
+				it.Ranges = append(it.Ranges, Range{})
+				if err = it.Ranges[i].unmarshal(f.val); err != nil {
+					err = prefixIndex("ranges", i, err)
+				}
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	n := len(it.Ranges)
+	it.Ranges = it.Ranges[:n:n] // an append by the caller must not run into the next item's ranges
+	if n == 0 {
+		it.Ranges = nil
+	}
+	return nil
+}
+
+// unmarshalItems decodes the items of a Put or Get. A first pass counts the items
+// and their ranges (bounded by MaxItems and MaxRanges), so that the second fills
+// two slices allocated once.
+func unmarshalItems(b []byte) ([]Item, error) {
+	n, err := count(b, fBatchItems, "items", MaxItems)
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	total := 0
+	f := fields{b: b}
+	for i := 0; ; {
+		ok, err := f.next()
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			break
+		}
+		if f.num == fBatchItems && f.typ == protowire.BytesType {
+			r, err := count(f.val, fItemRanges, "ranges", MaxRanges)
+			if err != nil {
+				return nil, prefixIndex("items", i, err)
+			}
+			total += r
+			i++
+		}
+	}
+	items := make([]Item, 0, n)
+	ranges := make([]Range, total)
+	f = fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return items, err
+		}
+		if f.num != fBatchItems {
+			continue
+		}
+		i := len(items)
+		if err := f.want("items", protowire.BytesType); err != nil {
+			return nil, prefixIndex("items", i, err)
+		}
+		items = append(items, Item{})
+		if err := items[i].unmarshal(f.val, ranges); err != nil {
+			return nil, prefixIndex("items", i, err)
+		}
+		ranges = ranges[len(items[i].Ranges):]
+	}
+}
+
+func (m *Put) unmarshal(b []byte) (err error) {
+	m.Items, err = unmarshalItems(b)
+	return err
+}
+
+func (m *Get) unmarshal(b []byte) (err error) {
+	m.Items, err = unmarshalItems(b)
+	return err
+}
+
+func (r *Result) unmarshal(b []byte) error {
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return err
+		}
+		switch f.num {
+		case fResultStatus:
+			r.Status, err = f.status("status")
+		case fResultMessage:
+			r.Message, err = f.string("message", MaxMessage)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (m *BatchReply) unmarshal(b []byte) error {
+	n, err := count(b, fBatchReplyResults, "results", MaxItems)
+	if err != nil || n == 0 {
+		return err
+	}
+	m.Results = make([]Result, 0, n)
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return err
+		}
+		if f.num != fBatchReplyResults {
+			continue
+		}
+		i := len(m.Results)
+		if err := f.want("results", protowire.BytesType); err != nil {
+			return prefixIndex("results", i, err)
+		}
+		m.Results = append(m.Results, Result{})
+		if err := m.Results[i].unmarshal(f.val); err != nil {
+			return prefixIndex("results", i, err)
+		}
+	}
+}
+
+func (m *Remove) unmarshal(b []byte) (err error) {
+	m.Keys, err = unmarshalKeys(b, fRemoveKeys, nil)
+	return err
+}
+
+func (m *RemoveReply) unmarshal(b []byte) error {
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return err
+		}
+		if f.num == fRemoveReplyRemoved {
+			if m.Removed, err = f.uint32("removed"); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// skipAll checks that b is well-formed protobuf and ignores its fields: the
+// decoder of empty messages (Stats, Ack), which a newer peer may extend.
+func skipAll(b []byte) error {
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return err
+		}
+	}
+}
+
+func (*Stats) unmarshal(b []byte) error { return skipAll(b) }
+func (*Ack) unmarshal(b []byte) error   { return skipAll(b) }
+
+func (m *StatsReply) unmarshal(b []byte) error {
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return err
+		}
+		if f.num == fStatsReplyJSON {
+			if err := f.want("json", protowire.BytesType); err != nil {
+				return err
+			}
+			m.JSON = nil // an empty value decodes as none, as it encodes
+			if len(f.val) > 0 {
+				m.JSON = append([]byte(nil), f.val...)
+			}
+		}
+	}
+}
+
+func unmarshalNonce(b []byte, nonce *uint64) error {
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return err
+		}
+		if f.num == fNonce {
+			if *nonce, err = f.fixed64("nonce"); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (m *Ping) unmarshal(b []byte) error { return unmarshalNonce(b, &m.Nonce) }
+func (m *Pong) unmarshal(b []byte) error { return unmarshalNonce(b, &m.Nonce) }
+
+func (m *Error) unmarshal(b []byte) error {
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return err
+		}
+		switch f.num {
+		case fErrorCode:
+			m.Code, err = f.status("code")
+		case fErrorMessage:
+			m.Message, err = f.string("message", MaxMessage)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func prefixIndex(what string, i int, err error) error {
+	return prefix(what+"["+strconv.Itoa(i)+"]", err)
+}

@@ -1,0 +1,138 @@
+package wire
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"slices"
+)
+
+// Magic is the first two bytes of every frame.
+const Magic = "ST"
+
+// Header is a frame header, less its constant magic and version.
+type Header struct {
+	// Type is the message type of the body.
+	Type Type
+	// ID is the request id: chosen by the client, copied into the reply.
+	ID uint64
+	// Len is the body's length in bytes.
+	Len uint32
+}
+
+// appendHeader appends the 16-byte encoding of h.
+func appendHeader(b []byte, h Header) []byte {
+	b = append(b, Magic[0], Magic[1], Version, byte(h.Type))
+	b = binary.LittleEndian.AppendUint64(b, h.ID)
+	return binary.LittleEndian.AppendUint32(b, h.Len)
+}
+
+// parseHeader decodes a frame header. A bad magic, version or length is an error
+// (the stream cannot be trusted after it); an unknown type is not: the frame can
+// still be skipped whole, and the caller reports it.
+func parseHeader(b *[HeaderSize]byte) (Header, error) {
+	if b[0] != Magic[0] || b[1] != Magic[1] {
+		return Header{}, malformed("bad frame magic %#04x, want %q (is the peer a strata node client or server?)", b[:2], Magic)
+	}
+	if b[2] != Version {
+		return Header{}, malformed("protocol version %d; this build supports version %d only: run client and server from matching releases", b[2], Version)
+	}
+	h := Header{
+		Type: Type(b[3]),
+		ID:   binary.LittleEndian.Uint64(b[4:12]),
+		Len:  binary.LittleEndian.Uint32(b[12:16]),
+	}
+	if h.Len > MaxBody {
+		return Header{}, malformed("%s frame (id %d) declares a body of %d bytes, at most %d", h.Type, h.ID, h.Len, MaxBody)
+	}
+	return h, nil
+}
+
+// AppendFrame validates msg and appends its whole frame (header and body) with
+// request id id to b. A message that breaks the protocol's limits, or whose body
+// would be over MaxBody, is an error wrapping ErrMalformed, and b is returned as it
+// was.
+func AppendFrame(b []byte, id uint64, msg Message) ([]byte, error) {
+	if err := msg.Validate(); err != nil {
+		return b, prefix("encode "+msg.Type().String(), err)
+	}
+	start := len(b)
+	b = appendHeader(b, Header{Type: msg.Type(), ID: id})
+	b = msg.Marshal(b)
+	n := len(b) - start - HeaderSize
+	if n > MaxBody {
+		return b[:start], malformed("encode %s: body of %d bytes, at most %d; split the batch", msg.Type(), n, MaxBody)
+	}
+	binary.LittleEndian.PutUint32(b[start+12:], uint32(n))
+	return b, nil
+}
+
+// WriteFrame writes msg as one frame with request id id to w, in one Write.
+func WriteFrame(w io.Writer, id uint64, msg Message) error {
+	b, err := AppendFrame(nil, id, msg)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+// ReadFrame reads one frame from r and returns its header and body (the caller's
+// to keep). It reads exactly the frame's bytes, never ahead. At a clean end of
+// stream, before a frame's first byte, the error is io.EOF; a frame cut short is
+// ErrMalformed wrapping io.ErrUnexpectedEOF. A frame of an unknown type is read
+// whole and returned with a *MessageError; ReadFrame does not decode the body
+// (Decode does).
+func ReadFrame(r io.Reader) (Header, []byte, error) {
+	var hdr [HeaderSize]byte
+	return readFrame(r, &hdr, nil)
+}
+
+// readFrame is ReadFrame reading the body into buf's memory when it is large
+// enough.
+func readFrame(r io.Reader, hdr *[HeaderSize]byte, buf []byte) (Header, []byte, error) {
+	n, err := io.ReadFull(r, hdr[:])
+	switch {
+	case err == io.EOF:
+		return Header{}, nil, io.EOF
+	case err == io.ErrUnexpectedEOF:
+		return Header{}, nil, fmt.Errorf("truncated frame: header cut at %d of %d bytes: %w: %w", n, HeaderSize, ErrMalformed, io.ErrUnexpectedEOF)
+	case err != nil:
+		return Header{}, nil, err
+	}
+	h, err := parseHeader(hdr)
+	if err != nil {
+		return Header{}, nil, err
+	}
+	body, err := readBody(r, buf, int(h.Len))
+	if err != nil {
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			err = fmt.Errorf("truncated frame: %s body (id %d) cut at %d of %d bytes: %w: %w", h.Type, h.ID, len(body), h.Len, ErrMalformed, io.ErrUnexpectedEOF)
+		}
+		return Header{}, nil, err
+	}
+	if !h.Type.Valid() {
+		return h, body, &MessageError{Header: h, Err: malformed("unknown message type %d (known: %d to %d)", uint8(h.Type), TypeHello, maxType)}
+	}
+	return h, body, nil
+}
+
+// readBody reads n bytes into buf's memory, growing it as the bytes arrive rather
+// than all at once, so that a peer that declares a large body and sends nothing
+// costs little.
+func readBody(r io.Reader, buf []byte, n int) ([]byte, error) {
+	const step = 64 << 10
+	buf = buf[:0]
+	for len(buf) < n {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, min(n-len(buf), max(step, len(buf))))
+		}
+		end := min(n, cap(buf))
+		m, err := io.ReadFull(r, buf[len(buf):end])
+		buf = buf[:len(buf)+m]
+		if err != nil {
+			return buf, err
+		}
+	}
+	return buf, nil
+}

@@ -1,0 +1,670 @@
+package wire
+
+import (
+	"fmt"
+	"math"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// Limits of the protocol. Decoders reject anything beyond them with ErrMalformed,
+// and Conn.Send refuses to send it.
+const (
+	// Version is the protocol version this package speaks: the third byte of every
+	// frame header and Hello.Version.
+	Version = 1
+	// HeaderSize is the length of a frame header in bytes.
+	HeaderSize = 16
+	// MaxBody is the longest frame body. A batch of 128 pages with a few hundred
+	// bytes of metadata each is far smaller; longer declared lengths are refused
+	// before anything is allocated.
+	MaxBody = 16 << 20
+	// MaxItems is the most items (or keys) in one batch: 128 pages of up to 32
+	// object parts each (pools × K/V).
+	MaxItems = 4096
+	// MaxRanges is the most ranges one item's bytes may be split into (a
+	// layer-first pool has one per layer).
+	MaxRanges = 256
+	// MaxKey is the longest object key in bytes. Keys are 1 to MaxKey bytes of
+	// printable ASCII (0x20 to 0x7e).
+	MaxKey = 512
+	// MaxName is the longest client, segment or server version name in bytes.
+	MaxName = 256
+	// MaxMessage is the longest status message (Result.Message, Error.Message) in
+	// bytes; ClipMessage shortens one to fit. 4096 results with messages this long
+	// still fit in MaxBody.
+	MaxMessage = 2048
+)
+
+// Message is the body of a frame. Decode returns pointers to the concrete types
+// (*Hello, *Put, ...); values and pointers of them both satisfy Message.
+type Message interface {
+	// Type is the message's frame type.
+	Type() Type
+	// Marshal appends the message's protobuf encoding to b.
+	Marshal(b []byte) []byte
+	// Validate checks the message against the protocol's limits, as a decoder
+	// would; the error wraps ErrMalformed.
+	Validate() error
+}
+
+// Hello opens a session. The server answers HelloReply, or Error when it does not
+// speak the client's version.
+type Hello struct {
+	// Version is the protocol version the client speaks (Version).
+	Version uint32
+	// ClientName names the client in the server's logs and stats (up to MaxName bytes).
+	ClientName string
+	// PID is the client's process id, for logs; the server trusts SO_PEERCRED.
+	PID int32
+}
+
+// HelloReply accepts a session.
+type HelloReply struct {
+	// ClientID is the server's id for this connection.
+	ClientID uint64
+	// ServerVersion is the server's build version, for logs.
+	ServerVersion string
+	// MaxBatch is the most items the server takes in one Put or Get.
+	MaxBatch uint32
+}
+
+// RegisterSegment hands the service a memfd segment; its frame carries exactly one
+// file descriptor, the memfd. The server maps Size bytes of it.
+type RegisterSegment struct {
+	// Size is the segment's length in bytes (not zero).
+	Size uint64
+	// Name names the segment in logs (the host pool's name).
+	Name string
+}
+
+// RegisterSegmentReply gives the id by which ranges name the registered segment.
+type RegisterSegmentReply struct {
+	SegmentID uint32
+}
+
+// UnregisterSegment releases a segment; the server unmaps it once no request uses
+// it and answers Ack.
+type UnregisterSegment struct {
+	SegmentID uint32
+}
+
+// Exists asks how many of Keys, from the start, exist in Format.
+type Exists struct {
+	// Keys are object keys (at most MaxItems).
+	Keys []string
+	// Format is the storage.Format the objects must have.
+	Format uint64
+}
+
+// ExistsReply answers Exists.
+type ExistsReply struct {
+	// Present is how many keys from the start exist in the format.
+	Present uint32
+}
+
+// Range is a span of bytes in one of the client's registered segments.
+type Range struct {
+	// Segment is the id from RegisterSegmentReply.
+	Segment uint32
+	// Offset is the first byte's offset in the segment.
+	Offset uint64
+	// Length is the span's length in bytes (not zero).
+	Length uint64
+}
+
+// Item is one object of a Put or Get: its key, format, and where its bytes are in
+// the client's memory: the object is the concatenation of Ranges, in order.
+type Item struct {
+	Key    string
+	Format uint64
+	// Ranges (1 to MaxRanges) lie in segments this client registered.
+	Ranges []Range
+}
+
+// Size returns the object's length: the sum of the ranges' lengths.
+func (it Item) Size() uint64 {
+	var n uint64
+	for _, r := range it.Ranges {
+		n += r.Length
+	}
+	return n
+}
+
+// Put writes each item's bytes as its object, write-once: an object that exists
+// in the item's format is a success that moves no data. The reply is BatchReply.
+type Put struct {
+	Items []Item
+}
+
+// Get reads each item's object into its ranges. The reply is BatchReply; the
+// ranges of an item whose Result is not OK hold undefined bytes.
+type Get struct {
+	Items []Item
+}
+
+// Result is the outcome of one item of a Put or Get.
+type Result struct {
+	Status Status
+	// Message says more about a failure (up to MaxMessage bytes; see ClipMessage).
+	Message string
+}
+
+// Err returns nil for OK and otherwise an error with the message that wraps
+// Status.Error().
+func (r Result) Err() error { return statusErr(r.Status, r.Message) }
+
+// BatchReply has one Result per item of the request, in order.
+type BatchReply struct {
+	Results []Result
+}
+
+// Remove deletes the objects of Keys, in every format.
+type Remove struct {
+	Keys []string
+}
+
+// RemoveReply says how many of the keys named an object that was removed.
+type RemoveReply struct {
+	Removed uint32
+}
+
+// Stats asks for the server's stats document.
+type Stats struct{}
+
+// StatsReply carries the server's stats document, a JSON object.
+type StatsReply struct {
+	JSON []byte
+}
+
+// Ping asks for a Pong with the same nonce.
+type Ping struct {
+	Nonce uint64
+}
+
+// Pong answers Ping.
+type Pong struct {
+	Nonce uint64
+}
+
+// Ack is an empty success reply.
+type Ack struct{}
+
+// Error fails a whole request: a malformed or unexpected message, an unknown
+// segment, a server that is shutting down.
+type Error struct {
+	// Code is the failure's status (not OK).
+	Code Status
+	// Message says what happened and what to do (up to MaxMessage bytes).
+	Message string
+}
+
+// Err returns the failure as an error that wraps Code.Error().
+func (e Error) Err() error { return statusErr(e.Code, e.Message) }
+
+func statusErr(s Status, msg string) error {
+	err := s.Error()
+	if err == nil || msg == "" {
+		return err
+	}
+	return fmt.Errorf("%s: %w", msg, err)
+}
+
+// ClipMessage shortens s to at most MaxMessage bytes, on a UTF-8 boundary, and
+// replaces invalid UTF-8, so that it can be sent as a status message.
+func ClipMessage(s string) string {
+	if !utf8.ValidString(s) {
+		s = string([]rune(s)) // invalid bytes become U+FFFD
+	}
+	if len(s) <= MaxMessage {
+		return s
+	}
+	const ellipsis = "…"
+	cut := MaxMessage - len(ellipsis)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ellipsis
+}
+
+func (Hello) Type() Type                { return TypeHello }
+func (HelloReply) Type() Type           { return TypeHelloReply }
+func (RegisterSegment) Type() Type      { return TypeRegisterSegment }
+func (RegisterSegmentReply) Type() Type { return TypeRegisterSegmentReply }
+func (UnregisterSegment) Type() Type    { return TypeUnregisterSegment }
+func (Exists) Type() Type               { return TypeExists }
+func (ExistsReply) Type() Type          { return TypeExistsReply }
+func (Put) Type() Type                  { return TypePut }
+func (Get) Type() Type                  { return TypeGet }
+func (BatchReply) Type() Type           { return TypeBatchReply }
+func (Remove) Type() Type               { return TypeRemove }
+func (RemoveReply) Type() Type          { return TypeRemoveReply }
+func (Stats) Type() Type                { return TypeStats }
+func (StatsReply) Type() Type           { return TypeStatsReply }
+func (Ping) Type() Type                 { return TypePing }
+func (Pong) Type() Type                 { return TypePong }
+func (Ack) Type() Type                  { return TypeAck }
+func (Error) Type() Type                { return TypeError }
+
+// newMessage returns a pointer to a zero message of type t, or nil.
+func newMessage(t Type) Message {
+	switch t {
+	case TypeHello:
+		return new(Hello)
+	case TypeHelloReply:
+		return new(HelloReply)
+	case TypeRegisterSegment:
+		return new(RegisterSegment)
+	case TypeRegisterSegmentReply:
+		return new(RegisterSegmentReply)
+	case TypeUnregisterSegment:
+		return new(UnregisterSegment)
+	case TypeExists:
+		return new(Exists)
+	case TypeExistsReply:
+		return new(ExistsReply)
+	case TypePut:
+		return new(Put)
+	case TypeGet:
+		return new(Get)
+	case TypeBatchReply:
+		return new(BatchReply)
+	case TypeRemove:
+		return new(Remove)
+	case TypeRemoveReply:
+		return new(RemoveReply)
+	case TypeStats:
+		return new(Stats)
+	case TypeStatsReply:
+		return new(StatsReply)
+	case TypePing:
+		return new(Ping)
+	case TypePong:
+		return new(Pong)
+	case TypeAck:
+		return new(Ack)
+	case TypeError:
+		return new(Error)
+	}
+	return nil
+}
+
+// Field numbers, as in strata.proto.
+const (
+	fHelloVersion    protowire.Number = 1
+	fHelloClientName protowire.Number = 2
+	fHelloPID        protowire.Number = 3
+
+	fHelloReplyClientID      protowire.Number = 1
+	fHelloReplyServerVersion protowire.Number = 2
+	fHelloReplyMaxBatch      protowire.Number = 3
+
+	fRegisterSize protowire.Number = 1
+	fRegisterName protowire.Number = 2
+
+	fSegmentID protowire.Number = 1 // RegisterSegmentReply, UnregisterSegment
+
+	fExistsKeys   protowire.Number = 1
+	fExistsFormat protowire.Number = 2
+
+	fExistsReplyPresent protowire.Number = 1
+
+	fRangeSegment protowire.Number = 1
+	fRangeOffset  protowire.Number = 2
+	fRangeLength  protowire.Number = 3
+
+	fItemKey    protowire.Number = 1
+	fItemFormat protowire.Number = 2
+	fItemRanges protowire.Number = 3
+
+	fBatchItems protowire.Number = 1 // Put, Get
+
+	fResultStatus  protowire.Number = 1
+	fResultMessage protowire.Number = 2
+
+	fBatchReplyResults protowire.Number = 1
+
+	fRemoveKeys protowire.Number = 1
+
+	fRemoveReplyRemoved protowire.Number = 1
+
+	fStatsReplyJSON protowire.Number = 1
+
+	fNonce protowire.Number = 1 // Ping, Pong
+
+	fErrorCode    protowire.Number = 1
+	fErrorMessage protowire.Number = 2
+)
+
+// Encoding helpers. Like proto3, they leave out fields with zero values.
+
+func appendVarint(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.VarintType)
+	return protowire.AppendVarint(b, v)
+}
+
+func appendFixed64(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.Fixed64Type)
+	return protowire.AppendFixed64(b, v)
+}
+
+func appendString(b []byte, num protowire.Number, s string) []byte {
+	if s == "" {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendString(b, s)
+}
+
+func appendStrings(b []byte, num protowire.Number, ss []string) []byte {
+	for _, s := range ss {
+		b = protowire.AppendTag(b, num, protowire.BytesType)
+		b = protowire.AppendString(b, s)
+	}
+	return b
+}
+
+// int32Varint is how proto encodes an int32: sign-extended to 64 bits.
+func int32Varint(v int32) uint64 { return uint64(int64(v)) }
+
+func sizeVarint(num protowire.Number, v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return protowire.SizeTag(num) + protowire.SizeVarint(v)
+}
+
+func sizeFixed64(num protowire.Number, v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return protowire.SizeTag(num) + protowire.SizeFixed64()
+}
+
+func sizeString(num protowire.Number, s string) int {
+	if s == "" {
+		return 0
+	}
+	return protowire.SizeTag(num) + protowire.SizeBytes(len(s))
+}
+
+func (m Hello) Marshal(b []byte) []byte {
+	b = appendVarint(b, fHelloVersion, uint64(m.Version))
+	b = appendString(b, fHelloClientName, m.ClientName)
+	return appendVarint(b, fHelloPID, int32Varint(m.PID))
+}
+
+func (m HelloReply) Marshal(b []byte) []byte {
+	b = appendVarint(b, fHelloReplyClientID, m.ClientID)
+	b = appendString(b, fHelloReplyServerVersion, m.ServerVersion)
+	return appendVarint(b, fHelloReplyMaxBatch, uint64(m.MaxBatch))
+}
+
+func (m RegisterSegment) Marshal(b []byte) []byte {
+	b = appendVarint(b, fRegisterSize, m.Size)
+	return appendString(b, fRegisterName, m.Name)
+}
+
+func (m RegisterSegmentReply) Marshal(b []byte) []byte {
+	return appendVarint(b, fSegmentID, uint64(m.SegmentID))
+}
+
+func (m UnregisterSegment) Marshal(b []byte) []byte {
+	return appendVarint(b, fSegmentID, uint64(m.SegmentID))
+}
+
+func (m Exists) Marshal(b []byte) []byte {
+	b = appendStrings(b, fExistsKeys, m.Keys)
+	return appendFixed64(b, fExistsFormat, m.Format)
+}
+
+func (m ExistsReply) Marshal(b []byte) []byte {
+	return appendVarint(b, fExistsReplyPresent, uint64(m.Present))
+}
+
+func (r Range) size() int {
+	return sizeVarint(fRangeSegment, uint64(r.Segment)) + sizeVarint(fRangeOffset, r.Offset) + sizeVarint(fRangeLength, r.Length)
+}
+
+func (r Range) marshal(b []byte) []byte {
+	b = appendVarint(b, fRangeSegment, uint64(r.Segment))
+	b = appendVarint(b, fRangeOffset, r.Offset)
+	return appendVarint(b, fRangeLength, r.Length)
+}
+
+func (it *Item) size() int {
+	n := sizeString(fItemKey, it.Key) + sizeFixed64(fItemFormat, it.Format)
+	for _, r := range it.Ranges {
+		n += protowire.SizeTag(fItemRanges) + protowire.SizeBytes(r.size())
+	}
+	return n
+}
+
+func (it *Item) marshal(b []byte) []byte {
+	b = appendString(b, fItemKey, it.Key)
+	b = appendFixed64(b, fItemFormat, it.Format)
+	for _, r := range it.Ranges {
+		b = protowire.AppendTag(b, fItemRanges, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(r.size()))
+		b = r.marshal(b)
+	}
+	return b
+}
+
+func marshalItems(b []byte, items []Item) []byte {
+	for i := range items {
+		it := &items[i]
+		b = protowire.AppendTag(b, fBatchItems, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(it.size()))
+		b = it.marshal(b)
+	}
+	return b
+}
+
+func (m Put) Marshal(b []byte) []byte { return marshalItems(b, m.Items) }
+func (m Get) Marshal(b []byte) []byte { return marshalItems(b, m.Items) }
+
+func (r Result) size() int {
+	return sizeVarint(fResultStatus, uint64(r.Status)) + sizeString(fResultMessage, r.Message)
+}
+
+func (m BatchReply) Marshal(b []byte) []byte {
+	for _, r := range m.Results {
+		b = protowire.AppendTag(b, fBatchReplyResults, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(r.size()))
+		b = appendVarint(b, fResultStatus, uint64(r.Status))
+		b = appendString(b, fResultMessage, r.Message)
+	}
+	return b
+}
+
+func (m Remove) Marshal(b []byte) []byte { return appendStrings(b, fRemoveKeys, m.Keys) }
+
+func (m RemoveReply) Marshal(b []byte) []byte {
+	return appendVarint(b, fRemoveReplyRemoved, uint64(m.Removed))
+}
+
+func (Stats) Marshal(b []byte) []byte { return b }
+
+func (m StatsReply) Marshal(b []byte) []byte {
+	if len(m.JSON) == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, fStatsReplyJSON, protowire.BytesType)
+	return protowire.AppendBytes(b, m.JSON)
+}
+
+func (m Ping) Marshal(b []byte) []byte { return appendFixed64(b, fNonce, m.Nonce) }
+func (m Pong) Marshal(b []byte) []byte { return appendFixed64(b, fNonce, m.Nonce) }
+func (Ack) Marshal(b []byte) []byte    { return b }
+
+func (m Error) Marshal(b []byte) []byte {
+	b = appendVarint(b, fErrorCode, uint64(m.Code))
+	return appendString(b, fErrorMessage, m.Message)
+}
+
+// Validation. Every decoder ends with the message's Validate, and Conn.Send calls
+// it before writing.
+
+// ValidKey reports whether k can name an object: 1 to MaxKey bytes of printable
+// ASCII. The error wraps ErrMalformed.
+func ValidKey(k string) error {
+	if len(k) == 0 {
+		return malformed("key is empty")
+	}
+	if len(k) > MaxKey {
+		return malformed("key %.40q... is %d bytes, at most %d", k, len(k), MaxKey)
+	}
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c < 0x20 || c > 0x7e {
+			return malformed("key %.40q has byte %#02x at %d; keys are printable ASCII", k, c, i)
+		}
+	}
+	return nil
+}
+
+func validText(what, s string, max int) error {
+	if len(s) > max {
+		return malformed("%s is %d bytes, at most %d", what, len(s), max)
+	}
+	if !utf8.ValidString(s) {
+		return malformed("%s is not valid UTF-8", what)
+	}
+	return nil
+}
+
+func validKeys(keys []string) error {
+	if len(keys) > MaxItems {
+		return malformed("%d keys, at most %d", len(keys), MaxItems)
+	}
+	for i, k := range keys {
+		if err := ValidKey(k); err != nil {
+			return fmt.Errorf("keys[%d]: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func validStatus(what string, s Status) error {
+	if !s.Valid() {
+		return malformed("%s %d is not a known status (0 to %d)", what, s, maxStatus)
+	}
+	return nil
+}
+
+func (m Hello) Validate() error {
+	return validText("client name", m.ClientName, MaxName)
+}
+
+func (m HelloReply) Validate() error {
+	return validText("server version", m.ServerVersion, MaxName)
+}
+
+func (m RegisterSegment) Validate() error {
+	if m.Size == 0 {
+		return malformed("segment size is 0")
+	}
+	return validText("segment name", m.Name, MaxName)
+}
+
+func (RegisterSegmentReply) Validate() error { return nil }
+func (UnregisterSegment) Validate() error    { return nil }
+
+func (m Exists) Validate() error { return validKeys(m.Keys) }
+
+func (m ExistsReply) Validate() error {
+	if m.Present > MaxItems {
+		return malformed("%d keys present, a batch has at most %d", m.Present, MaxItems)
+	}
+	return nil
+}
+
+// Validate checks the item: a valid key, 1 to MaxRanges ranges of non-zero length
+// whose ends and total do not overflow uint64.
+func (it Item) Validate() error {
+	if err := ValidKey(it.Key); err != nil {
+		return err
+	}
+	if len(it.Ranges) == 0 {
+		return malformed("item %q has no ranges", it.Key)
+	}
+	if len(it.Ranges) > MaxRanges {
+		return malformed("item %q has %d ranges, at most %d", it.Key, len(it.Ranges), MaxRanges)
+	}
+	var total uint64
+	for i, r := range it.Ranges {
+		if r.Length == 0 {
+			return malformed("item %q: ranges[%d] has length 0", it.Key, i)
+		}
+		if r.Offset > math.MaxUint64-r.Length {
+			return malformed("item %q: ranges[%d] offset %#x + length %d overflows", it.Key, i, r.Offset, r.Length)
+		}
+		if total > math.MaxUint64-r.Length {
+			return malformed("item %q: total length overflows", it.Key)
+		}
+		total += r.Length
+	}
+	return nil
+}
+
+func validItems(items []Item) error {
+	if len(items) > MaxItems {
+		return malformed("%d items, at most %d", len(items), MaxItems)
+	}
+	for i := range items {
+		if err := items[i].Validate(); err != nil {
+			return fmt.Errorf("items[%d]: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func (m Put) Validate() error { return validItems(m.Items) }
+func (m Get) Validate() error { return validItems(m.Items) }
+
+func (m BatchReply) Validate() error {
+	if len(m.Results) > MaxItems {
+		return malformed("%d results, at most %d", len(m.Results), MaxItems)
+	}
+	for i, r := range m.Results {
+		if err := validStatus("status", r.Status); err != nil {
+			return fmt.Errorf("results[%d]: %w", i, err)
+		}
+		if err := validText("message", r.Message, MaxMessage); err != nil {
+			return fmt.Errorf("results[%d]: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func (m Remove) Validate() error { return validKeys(m.Keys) }
+
+func (m RemoveReply) Validate() error {
+	if m.Removed > MaxItems {
+		return malformed("%d keys removed, a batch has at most %d", m.Removed, MaxItems)
+	}
+	return nil
+}
+
+func (Stats) Validate() error      { return nil }
+func (StatsReply) Validate() error { return nil }
+func (Ping) Validate() error       { return nil }
+func (Pong) Validate() error       { return nil }
+func (Ack) Validate() error        { return nil }
+
+func (m Error) Validate() error {
+	if m.Code == OK {
+		return malformed("error code is ok; an Error must carry a failure status")
+	}
+	if err := validStatus("error code", m.Code); err != nil {
+		return err
+	}
+	return validText("message", m.Message, MaxMessage)
+}

@@ -1,0 +1,414 @@
+// Package nodeclient is the storage backend of engines on a node: a client of the
+// node service (`strata serve`, package node). Its allocator is shm, so every host
+// pool of a group lives in a sealed memfd that the service can map; RegisterPool
+// sends that memfd once, and every batch afterwards is one request that names
+// bytes as (segment, offset, length) ranges: the service copies them with one
+// memcpy, no page data on the socket. When the service restarts, the backend
+// reconnects with backoff and registers its pools again (it keeps a duplicate of
+// each memfd for that); meanwhile calls fail fast with storage.ErrUnavailable,
+// which the cache turns into misses.
+package nodeclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/stratakv/strata/hostmem"
+	"github.com/stratakv/strata/node/wire"
+	"github.com/stratakv/strata/pagekey"
+	"github.com/stratakv/strata/storage"
+)
+
+// Config places a client.
+type Config struct {
+	// Socket is the node service's socket.
+	Socket string `json:"socket"`
+	// ClientName labels the client in the service's stats and logs (the engine's
+	// name and rank, say).
+	ClientName string `json:"clientName"`
+	// CallTimeout bounds a call that has no earlier deadline.
+	CallTimeout time.Duration `json:"callTimeout"`
+	// ReconnectMin and ReconnectMax bound the backoff between connection attempts.
+	ReconnectMin time.Duration `json:"reconnectMin"`
+	ReconnectMax time.Duration `json:"reconnectMax"`
+	// Logger receives connection events; nil means slog.Default().
+	Logger *slog.Logger `json:"-"`
+}
+
+// DefaultConfig returns a client of the service at socket: 5 s calls, reconnects
+// every 50 ms doubling to 2 s.
+func DefaultConfig(socket string) Config {
+	return Config{Socket: socket, ClientName: fmt.Sprintf("engine-%d", os.Getpid()), CallTimeout: 5 * time.Second,
+		ReconnectMin: 50 * time.Millisecond, ReconnectMax: 2 * time.Second}
+}
+
+// Backend is a storage.Backend over the node service.
+type Backend struct {
+	cfg Config
+	log *slog.Logger
+
+	mu      sync.Mutex
+	conn    *wire.Conn // nil while disconnected
+	pending map[uint64]chan reply
+	pools   map[string]*poolReg
+	closed  bool
+	up      chan struct{} // closed while connected; replaced on disconnect
+	nextID  atomic.Uint64
+
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	connects   atomic.Int64
+	disconnect atomic.Int64
+}
+
+var _ storage.Backend = (*Backend)(nil)
+
+// poolReg is a registered pool: its spec, a duplicate of its memfd for
+// re-registration, and its segment id on the current connection (0 when none).
+type poolReg struct {
+	spec    storage.PoolSpec
+	names   pagekey.Names
+	format  uint64
+	size    uint64 // the memfd's size, read once: the region may be closed while the dup lives
+	fd      int
+	segment uint32
+	refused error
+}
+
+type reply struct {
+	msg wire.Message
+	err error
+}
+
+// New starts a client. It connects in the background and keeps reconnecting, so
+// an engine may start before the service: until it is up, calls fail fast with
+// storage.ErrUnavailable.
+func New(cfg Config) (*Backend, error) {
+	if cfg.Socket == "" {
+		return nil, fmt.Errorf("node client: no socket path: %w", storage.ErrConfig)
+	}
+	if cfg.CallTimeout <= 0 || cfg.ReconnectMin <= 0 || cfg.ReconnectMax < cfg.ReconnectMin {
+		return nil, fmt.Errorf("node client: call timeout %v, reconnect %v..%v: want positive and max >= min: %w",
+			cfg.CallTimeout, cfg.ReconnectMin, cfg.ReconnectMax, storage.ErrConfig)
+	}
+	b := &Backend{cfg: cfg, log: cfg.Logger, pending: map[uint64]chan reply{}, pools: map[string]*poolReg{},
+		up: make(chan struct{}), stop: make(chan struct{})}
+	if b.log == nil {
+		b.log = slog.Default()
+	}
+	b.wg.Add(1)
+	go b.connector()
+	return b, nil
+}
+
+// Name is "node".
+func (b *Backend) Name() string { return "node" }
+
+// Allocator is shm: the service maps the pools' memfds.
+func (b *Backend) Allocator() hostmem.Kind { return hostmem.Shm }
+
+// WaitConnected waits until the client is connected (and its pools registered),
+// or ctx ends.
+func (b *Backend) WaitConnected(ctx context.Context) error {
+	b.mu.Lock()
+	up := b.up
+	b.mu.Unlock()
+	select {
+	case <-up:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("node client: connect to %s: %w: %w", b.cfg.Socket, ctx.Err(), storage.ErrUnavailable)
+	}
+}
+
+// Connects is how many times the client has connected (1 + reconnects).
+func (b *Backend) Connects() int64 { return b.connects.Load() }
+
+// connector connects, registers the pools, waits for the connection to fail, and
+// starts over with backoff until Close.
+func (b *Backend) connector() {
+	defer b.wg.Done()
+	backoff := b.cfg.ReconnectMin
+	for {
+		dead, err := b.connect()
+		if err == nil {
+			backoff = b.cfg.ReconnectMin
+			b.connects.Add(1)
+			<-dead // the connection failed (or Close closed it)
+			b.disconnect.Add(1)
+		} else if !errors.Is(err, storage.ErrClosed) {
+			b.log.Debug("node client: cannot reach the node service", "socket", b.cfg.Socket, "err", err)
+		}
+		select {
+		case <-b.stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, b.cfg.ReconnectMax)
+	}
+}
+
+// connect dials, says Hello, registers every pool, publishes the connection and
+// starts its reader; the returned channel closes when the connection fails.
+func (b *Backend) connect() (chan struct{}, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.CallTimeout)
+	defer cancel()
+	conn, err := wire.Dial(ctx, b.cfg.Socket)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (chan struct{}, error) {
+		_ = conn.Close()
+		return nil, err
+	}
+	if _, err := roundTrip(ctx, conn, wire.TypeHello, wire.Hello{Version: wire.Version, ClientName: b.cfg.ClientName, PID: int32(os.Getpid())}); err != nil {
+		return fail(err)
+	}
+	b.mu.Lock()
+	regs := make([]*poolReg, 0, len(b.pools))
+	for _, p := range b.pools {
+		regs = append(regs, p)
+	}
+	b.mu.Unlock()
+	for _, p := range regs {
+		seg, err := registerOn(ctx, conn, p)
+		b.mu.Lock()
+		p.segment, p.refused = seg, err
+		b.mu.Unlock()
+		if err != nil && !errors.Is(err, storage.ErrRegistration) {
+			return fail(err)
+		}
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return fail(storage.ErrClosed)
+	}
+	b.conn = conn
+	dead := make(chan struct{})
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		b.readLoop(conn)
+		close(dead)
+	}()
+	// Pools registered while the connection was being set up missed the loop above.
+	var missed []*poolReg
+	for _, p := range b.pools {
+		if p.segment == 0 && p.refused == nil {
+			missed = append(missed, p)
+		}
+	}
+	b.mu.Unlock()
+	for _, p := range missed {
+		if err := b.registerLive(ctx, p); err != nil && !errors.Is(err, storage.ErrRegistration) {
+			b.log.Warn("node client: registering a pool after reconnecting failed", "pool", p.spec.Name, "err", err)
+		}
+	}
+	b.mu.Lock()
+	close(b.up)
+	b.mu.Unlock()
+	if b.connects.Load() > 0 {
+		b.log.Info("node client: reconnected to the node service and registered its pools again", "socket", b.cfg.Socket, "pools", len(regs))
+	}
+	return dead, nil
+}
+
+// roundTrip sends one request on a connection no reader goroutine serves yet and
+// reads its reply.
+func roundTrip(ctx context.Context, conn *wire.Conn, t wire.Type, msg wire.Message, fds ...int) (wire.Message, error) {
+	if err := conn.Send(ctx, t, 1, msg, fds...); err != nil {
+		return nil, err
+	}
+	_, m, rfds, err := conn.Recv(ctx)
+	for _, fd := range rfds {
+		_ = unix.Close(fd)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if e, ok := m.(*wire.Error); ok {
+		return nil, e.Err()
+	}
+	return m, nil
+}
+
+func registerOn(ctx context.Context, conn *wire.Conn, p *poolReg) (uint32, error) {
+	m, err := roundTrip(ctx, conn, wire.TypeRegisterSegment, wire.RegisterSegment{Size: p.size, Name: p.spec.Name}, p.fd)
+	if err != nil {
+		if st := wire.StatusOf(err); st == wire.Quota || st == wire.BadRange {
+			return 0, fmt.Errorf("node service refused pool %q: %w: %w", p.spec.Name, err, storage.ErrRegistration)
+		}
+		return 0, err
+	}
+	r, ok := m.(*wire.RegisterSegmentReply)
+	if !ok {
+		return 0, fmt.Errorf("node service answered %T to RegisterSegment: %w", m, storage.ErrIO)
+	}
+	return r.SegmentID, nil
+}
+
+// readLoop dispatches replies until the connection fails, then fails every call
+// waiting on it.
+func (b *Backend) readLoop(conn *wire.Conn) {
+	for {
+		h, m, fds, err := conn.Recv(context.Background())
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+		if err != nil {
+			var me *wire.MessageError
+			if errors.As(err, &me) {
+				b.deliver(me.Header.ID, reply{err: fmt.Errorf("node service reply: %w: %w", err, storage.ErrIO)})
+				continue
+			}
+			b.mu.Lock()
+			if b.conn == conn {
+				b.conn = nil
+				b.up = make(chan struct{})
+			}
+			waiting := b.pending
+			b.pending = map[uint64]chan reply{}
+			closed := b.closed
+			b.mu.Unlock()
+			_ = conn.Close()
+			for _, ch := range waiting {
+				ch <- reply{err: fmt.Errorf("node service connection lost: %w", storage.ErrUnavailable)}
+			}
+			if !closed {
+				b.log.Warn("node client: lost the node service; reconnecting", "socket", b.cfg.Socket, "err", err)
+			}
+			return
+		}
+		var rep reply
+		if e, ok := m.(*wire.Error); ok {
+			rep.err = statusError(e.Code, e.Message)
+		} else {
+			rep.msg = m
+		}
+		b.deliver(h.ID, rep)
+	}
+}
+
+func (b *Backend) deliver(id uint64, r reply) {
+	b.mu.Lock()
+	ch := b.pending[id]
+	delete(b.pending, id)
+	b.mu.Unlock()
+	if ch != nil {
+		ch <- r
+	}
+}
+
+// call sends a request on the live connection and waits for its reply.
+func (b *Backend) call(ctx context.Context, t wire.Type, msg wire.Message, fds ...int) (wire.Message, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, b.cfg.CallTimeout)
+		defer cancel()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, ctxErr(err)
+	}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("node client: %w", storage.ErrClosed)
+	}
+	conn := b.conn
+	if conn == nil {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("node client: not connected to %s (reconnecting): %w", b.cfg.Socket, storage.ErrUnavailable)
+	}
+	id := b.nextID.Add(1)
+	ch := make(chan reply, 1)
+	b.pending[id] = ch
+	b.mu.Unlock()
+	if err := conn.Send(ctx, t, id, msg, fds...); err != nil {
+		b.mu.Lock()
+		delete(b.pending, id)
+		b.mu.Unlock()
+		if ctx.Err() != nil {
+			return nil, ctxErr(ctx.Err())
+		}
+		if errors.Is(err, wire.ErrMalformed) {
+			return nil, fmt.Errorf("node client: %w: %w", err, storage.ErrBatch)
+		}
+		return nil, fmt.Errorf("node client: send: %w: %w", err, storage.ErrUnavailable)
+	}
+	select {
+	case r := <-ch:
+		return r.msg, r.err
+	case <-ctx.Done():
+		b.mu.Lock()
+		delete(b.pending, id)
+		b.mu.Unlock()
+		return nil, ctxErr(ctx.Err())
+	}
+}
+
+func ctxErr(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("node client: %w: %w", err, storage.ErrTimeout)
+	}
+	return fmt.Errorf("node client: %w", err)
+}
+
+// statusError maps a service status to the storage error kinds.
+func statusError(st wire.Status, msg string) error {
+	var kind error
+	switch st {
+	case wire.OK:
+		return nil
+	case wire.NotFound, wire.FormatMismatch:
+		kind = storage.ErrNotFound
+	case wire.Corrupt:
+		kind = storage.ErrCorrupt
+	case wire.NoSpace:
+		kind = storage.ErrNoSpace
+	case wire.BadRange:
+		kind = storage.ErrNotRegistered
+	case wire.Quota:
+		kind = storage.ErrRegistration
+	case wire.Busy, wire.Unavailable:
+		kind = storage.ErrUnavailable
+	default:
+		kind = storage.ErrIO
+	}
+	if msg == "" {
+		return fmt.Errorf("node service: %v: %w", st, kind)
+	}
+	return fmt.Errorf("node service: %v: %s: %w", st, msg, kind)
+}
+
+// Close stops reconnecting, closes the connection and the memfd duplicates.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	conn := b.conn
+	close(b.stop)
+	b.mu.Unlock()
+	if conn != nil {
+		_ = conn.Close()
+	}
+	b.wg.Wait()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, p := range b.pools {
+		_ = unix.Close(p.fd)
+	}
+	b.pools = map[string]*poolReg{}
+	return nil
+}

@@ -1,0 +1,229 @@
+package nodeclient
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/stratakv/strata/hostmem"
+	"github.com/stratakv/strata/kvlayout"
+	"github.com/stratakv/strata/node"
+	"github.com/stratakv/strata/pagekey"
+	"github.com/stratakv/strata/pool"
+	"github.com/stratakv/strata/storage"
+	"github.com/stratakv/strata/storage/storagetest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// socketDir is a short directory for sockets: Unix socket paths hold 107 bytes.
+func socketDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "sn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+func startServer(t *testing.T, socket string, tweak func(*node.Config)) *node.Server {
+	t.Helper()
+	cfg := node.DefaultConfig(socket)
+	cfg.ArenaBytes = 64 << 20
+	cfg.Admin = ""
+	cfg.Logger = quiet
+	acfg := hostmem.DefaultConfig(hostmem.Mmap)
+	acfg.ReserveBytes = 0
+	acfg.Logger = quiet
+	alloc, err := hostmem.New(acfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Allocator = alloc
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	s, err := node.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func newClient(t *testing.T, socket string) *Backend {
+	t.Helper()
+	cfg := DefaultConfig(socket)
+	cfg.Logger = quiet
+	cfg.CallTimeout = 2 * time.Second
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := b.WaitConnected(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestConformance(t *testing.T) {
+	var mu sync.Mutex
+	servers := map[string]string{}
+	storagetest.Run(t, func(t *testing.T, shared string) storage.Backend {
+		mu.Lock()
+		socket, ok := servers[shared]
+		if !ok {
+			socket = filepath.Join(socketDir(t), "s")
+			s := startServer(t, socket, func(c *node.Config) { c.SpillDir = t.TempDir() })
+			t.Cleanup(func() { s.Close() })
+			servers[shared] = socket
+		}
+		mu.Unlock()
+		return newClient(t, socket)
+	})
+}
+
+func testGroup(t *testing.T, b storage.Backend, pages int) *pool.Group {
+	t.Helper()
+	acfg := hostmem.DefaultConfig(hostmem.Mmap)
+	acfg.ReserveBytes = 0
+	alloc, err := storage.HostAllocator(b, acfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := pool.BuildGroup(pool.GroupSpec{
+		Pools: []pool.PoolSpec{
+			{Name: "kv", Geometry: kvlayout.Geometry{Layers: 2, KVHeads: 2, HeadDim: 32, DTypeBytes: 2}},
+			{Name: "draft", Geometry: kvlayout.Geometry{Layers: 1, KVHeads: 2, HeadDim: 32, DTypeBytes: 2}},
+		},
+		Layout: kvlayout.PageFirst, PageSize: 8, Pages: pages,
+	}, alloc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+func keys(n int) []pagekey.Key {
+	h, _ := pagekey.New(pagekey.Config{PageSize: 1})
+	tokens := make([]uint32, n)
+	for i := range tokens {
+		tokens[i] = uint32(i*7 + 1)
+	}
+	return h.Keys(pagekey.Key{}, tokens)
+}
+
+func fill(g *pool.Group, page pool.PageID, v byte) {
+	for _, p := range g.Pools() {
+		for buf := 0; buf < p.Layout().Geometry.Buffers(); buf++ {
+			b, _ := p.PageBuffer(buf, page)
+			for i := range b {
+				b[i] = v + byte(i)
+			}
+		}
+	}
+}
+
+// The service restarts under a client: calls fail fast while it is gone, and the
+// client reconnects and registers its pools again by itself.
+func TestReconnectAfterRestart(t *testing.T) {
+	socket := filepath.Join(socketDir(t), "s")
+	s := startServer(t, socket, nil)
+	b := newClient(t, socket)
+	defer b.Close()
+	g := testGroup(t, b, 8)
+	ctx := context.Background()
+	for _, p := range g.Pools() {
+		if err := b.RegisterPool(ctx, storage.SpecOf(p, pagekey.Names{})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ks := keys(4)
+	fill(g, 0, 1)
+	if errs := b.Put(ctx, "kv", ks[:1], []pool.PageID{0}); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	s.Close()
+	// While it is down: fast failures, no hang.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := b.Exists(ctx, "kv", ks[:1])
+		if errors.Is(err, storage.ErrUnavailable) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exists with the service down: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s = startServer(t, socket, nil)
+	defer s.Close()
+	wait, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for b.Connects() < 2 {
+		if wait.Err() != nil {
+			t.Fatal("client did not reconnect")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := b.WaitConnected(wait); err != nil {
+		t.Fatal(err)
+	}
+	// The new service is empty; the client's pools work again.
+	fill(g, 1, 9)
+	if errs := b.Put(ctx, "kv", ks[1:2], []pool.PageID{1}); errs[0] != nil {
+		t.Fatalf("put after reconnect: %v", errs[0])
+	}
+	fill(g, 2, 0)
+	if errs := b.Get(ctx, "kv", ks[1:2], []pool.PageID{2}); errs[0] != nil {
+		t.Fatalf("get after reconnect: %v", errs[0])
+	}
+	st := s.Stats()
+	if len(st.Clients) != 1 || len(st.Clients[0].Segments) != 2 {
+		t.Fatalf("after reconnect the service sees %+v", st.Clients)
+	}
+}
+
+func TestMmapPoolsAreRefusedWithAdvice(t *testing.T) {
+	socket := filepath.Join(socketDir(t), "s")
+	s := startServer(t, socket, nil)
+	defer s.Close()
+	b := newClient(t, socket)
+	defer b.Close()
+	alloc, _ := hostmem.New(hostmem.Config{Kind: hostmem.Mmap})
+	g, err := pool.BuildGroup(pool.GroupSpec{Pools: []pool.PoolSpec{{Name: "kv", Geometry: kvlayout.Geometry{Layers: 1, KVHeads: 1, HeadDim: 8, DTypeBytes: 2}}},
+		Layout: kvlayout.PageFirst, PageSize: 4, Pages: 4}, alloc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	err = b.RegisterPool(context.Background(), storage.SpecOf(g.Target(), pagekey.Names{}))
+	if !errors.Is(err, storage.ErrRegistration) || !contains(err.Error(), "HostAllocator") {
+		t.Fatalf("mmap pool: %v", err)
+	}
+}
+
+func contains(s, sub string) bool {
+	return len(s) >= len(sub) && (s == sub || len(sub) == 0 || indexOf(s, sub) >= 0)
+}
+
+func indexOf(s, sub string) int {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return i
+		}
+	}
+	return -1
+}

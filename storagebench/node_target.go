@@ -1,0 +1,178 @@
+package storagebench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"github.com/stratakv/strata/hostmem"
+	"github.com/stratakv/strata/node"
+	"github.com/stratakv/strata/storage"
+	"github.com/stratakv/strata/storage/nodeclient"
+)
+
+// nodeObjectSets is how many times a run stores its bytes in the node service
+// under distinct keys: once by the one engine, once by each of the two engines.
+const nodeObjectSets = 3
+
+// nodeWarmBatches is how many untimed batches a run stores besides: the warm-up
+// of the main engine's host pool and of the second engine's.
+const nodeWarmBatches = 2
+
+// NodeTarget measures storage/nodeclient against the node service: one started
+// in the process (its socket in a fresh temporary directory, its arena sized to
+// hold every object of the run plus 10 %, no spill) unless s.Socket names a
+// running one. The service maps an engine's host pool lazily, so the target is
+// Warm: each host pool goes through one untimed batch first. The peer is a
+// MemcpyPeer with as many goroutines as the service's copy workers; the
+// two-engine phase's peer has twice as many (at most the machine's cores).
+// Unless s.NoRedis, a redis-server started on loopback stores the same objects
+// beside it.
+func NodeTarget(s Scratch) (t Target, err error) {
+	avail := s.Available
+	if avail == nil {
+		avail = hostmem.AvailableBytes
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	stored := nodeObjectSets*s.Bytes + nodeWarmBatches*s.BatchBytes
+	arenaBytes := roundUpTo(stored+stored/10, 1<<20)
+	workers := node.DefaultConfig("").CopyWorkers
+	t = Target{Name: BackendNode, Warm: true}
+	var closers []func() error
+	defer func() {
+		if err != nil {
+			for i := len(closers) - 1; i >= 0; i-- {
+				_ = closers[i]()
+			}
+		}
+	}()
+	// Close stops the embedded service (after the run has closed its clients) and
+	// removes its socket's directory.
+	t.Close = func() error {
+		var errs []error
+		for i := len(closers) - 1; i >= 0; i-- {
+			errs = append(errs, closers[i]())
+		}
+		return errors.Join(errs...)
+	}
+
+	// What the run holds at its peak besides the arena: a host pool of two batches
+	// per engine, and either the one-engine peers (memcpy, and Redis: its values in
+	// jemalloc's size classes, a quarter over for 2 MiB ones, and the replies of one
+	// batch in its output buffers) or the two-engine peer.
+	redisBytes := int64(0)
+	if !s.NoRedis {
+		redisBytes = s.Bytes + s.Bytes/4 + s.BatchBytes
+	}
+	need := 4*s.BatchBytes + max(s.Bytes+redisBytes, 2*s.Bytes) + hostmem.DefaultConfig(hostmem.Mmap).ReserveBytes
+	socket := s.Socket
+	if socket == "" {
+		need += arenaBytes
+	}
+	if a, aerr := avail(); aerr == nil && a < need {
+		return Target{}, fmt.Errorf("the node run needs %s of host memory (a %s arena, host pools, peers) and %s is available: lower --batches or --pages-per-batch, or give --no-redis: %w",
+			formatBytes(need), formatBytes(arenaBytes), formatBytes(a), ErrConfig)
+	}
+
+	if socket == "" {
+		// Unix socket paths hold 107 bytes: a short directory, not the scratch one.
+		dir, err := os.MkdirTemp("", "st")
+		if err != nil {
+			return Target{}, fmt.Errorf("node service socket directory: %w", err)
+		}
+		closers = append(closers, func() error { return os.RemoveAll(dir) })
+		socket = filepath.Join(dir, "node.sock")
+		cfg := node.DefaultConfig(socket)
+		cfg.ArenaBytes = arenaBytes
+		// The arena is sized to hold every object; eviction must never start.
+		cfg.HighWatermark, cfg.LowWatermark = 0.95, 0.90
+		cfg.SpillDir = ""
+		cfg.Admin = ""
+		cfg.Logger = quiet
+		workers = cfg.CopyWorkers
+		if s.Progress != nil {
+			s.Progress("starting a node service with a %s arena", formatBytes(arenaBytes))
+		}
+		srv, err := node.New(cfg)
+		if err != nil {
+			return Target{}, fmt.Errorf("start the node service: %w", err)
+		}
+		closers = append(closers, srv.Close)
+		t.Describe = fmt.Sprintf("embedded service, %s arena holding every object of the run + 10%%, %d copy workers, no spill",
+			formatBytes(arenaBytes), workers)
+	} else {
+		if st, err := os.Stat(socket); err != nil || st.Mode().Type() != os.ModeSocket {
+			return Target{}, fmt.Errorf("no node service at %s (%s); start one with `strata serve --socket %s`, or leave out --socket to start one in the process",
+				socket, describeStat(err), socket)
+		}
+		t.Describe = "service at " + socket
+		t.Notes = append(t.Notes, fmt.Sprintf("the node service at %s is measured as it runs: the memcpy peers assume it has %d copy workers (the default); "+
+			"its arena must hold %s (the run's objects three times over, one engine then two, and two warm-up batches) or gets miss", socket, workers, formatBytes(stored)))
+	}
+	t.New = func(ctx context.Context) (storage.Backend, error) {
+		cfg := nodeclient.DefaultConfig(socket)
+		cfg.ClientName = "strata-bench-tiers"
+		cfg.CallTimeout = 5 * time.Minute // a batch moves 512 MiB or more
+		cfg.Logger = quiet
+		b, err := nodeclient.New(cfg)
+		if err != nil {
+			return nil, err
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := b.WaitConnected(wctx); err != nil {
+			_ = b.Close()
+			return nil, fmt.Errorf("%w; start one with `strata serve --socket %s`, or leave out --socket to start one in the process", err, socket)
+		}
+		return b, nil
+	}
+
+	// The peers map their memory at their first Write; the run closes them.
+	t.Peer = &MemcpyPeer{Workers: workers, Capacity: s.Bytes, Available: s.Available}
+	pairWorkers := min(2*workers, runtime.NumCPU())
+	t.Pair = &MemcpyPeer{Workers: pairWorkers, Capacity: 2 * s.Bytes, Available: s.Available}
+	t.Notes = append(t.Notes, fmt.Sprintf("memcpy peer: %d goroutines, as many as the service's copy workers, copying the same chunks between two host regions", workers))
+	if pairWorkers < 2*workers {
+		t.Notes = append(t.Notes, fmt.Sprintf("two-engine memcpy peer: %d goroutines, the machine's cores (twice the service's %d copy workers would be %d)",
+			pairWorkers, workers, 2*workers))
+	} else {
+		t.Notes = append(t.Notes, fmt.Sprintf("two-engine memcpy peer: %d goroutines, twice the service's copy workers", pairWorkers))
+	}
+
+	switch {
+	case s.NoRedis:
+		t.Notes = append(t.Notes, "redis: skipped (--no-redis)")
+	default:
+		if s.Progress != nil {
+			s.Progress("starting redis-server on loopback")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		rp, err := StartRedis(ctx, s.Dir)
+		switch {
+		case errors.Is(err, ErrRedisNotInstalled):
+			t.Notes = append(t.Notes, "redis: not installed (apt-get install redis-server); no Redis figures")
+		case err != nil:
+			return Target{}, fmt.Errorf("%w; give --no-redis to run without it", err)
+		default:
+			t.Redis = rp // the run closes it with the other peers
+		}
+	}
+	return t, nil
+}
+
+// describeStat says why a path is not a socket.
+func describeStat(err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return "the path is not a socket"
+}
+
+func roundUpTo(n, to int64) int64 { return (n + to - 1) / to * to }
