@@ -46,7 +46,7 @@ type l3Tier struct {
 	downUntil time.Time
 	backoff   time.Duration
 
-	faults       [len(faultKinds)]atomic.Int64
+	faults       storage.FaultCounts
 	bytesRead    atomic.Int64
 	bytesWritten atomic.Int64
 
@@ -55,17 +55,6 @@ type l3Tier struct {
 	reserved      int
 	backupPending int
 	st            L3Stats
-}
-
-var faultKinds = [...]string{"timeout", "unavailable", "corrupt", "no_space", "not_registered", "closed", "batch", "io"}
-
-func faultIndex(kind string) int {
-	for i, k := range faultKinds {
-		if k == kind {
-			return i
-		}
-	}
-	return len(faultKinds) - 1
 }
 
 // newL3Tier registers every host pool with backend, each on its own: a pool the
@@ -90,7 +79,7 @@ func newL3Tier(cfg L3Config, backend storage.Backend, host *pool.Group, log *slo
 		}
 		if err != nil {
 			st.Enabled, st.Reason = false, err.Error()
-			l.faults[faultIndex(storage.FaultKind(err))].Add(1)
+			l.faults.Add(err)
 			log.Warn("L3 disabled for one pool; its L2 keeps working and the other pools keep L3",
 				"pool", hp.Name(), "backend", backend.Name(), "err", err)
 		}
@@ -153,7 +142,7 @@ func (l *l3Tier) record(errs ...error) {
 		case err == nil || kind == "":
 			ok = true
 		default:
-			l.faults[faultIndex(kind)].Add(1)
+			l.faults.AddKind(kind)
 			if kind == "unavailable" || kind == "timeout" {
 				failed = true
 			}
@@ -371,13 +360,6 @@ func (l *l3Tier) stats() L3Stats {
 	s.BytesRead, s.BytesWritten = l.bytesRead.Load(), l.bytesWritten.Load()
 	s.ReservedPages = l.reserved
 	s.Down = l.down()
-	for i, k := range faultKinds {
-		if n := l.faults[i].Load(); n > 0 {
-			if s.Faults == nil {
-				s.Faults = map[string]int64{}
-			}
-			s.Faults[k] = n
-		}
-	}
+	s.Faults = l.faults.NonZero()
 	return s
 }

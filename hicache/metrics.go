@@ -2,6 +2,8 @@ package hicache
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stratakv/strata/storage"
 )
 
 // Metrics exports a cache's counters to Prometheus. It is a collector over Stats
@@ -105,7 +107,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		"below_threshold": p.BelowThreshold, "no_room": p.NoRoom, "failed": p.Failed, "stale": p.Stale, "joined": p.Joined} {
 		counter("prefetch_total", float64(v), outcome)
 	}
-	for _, kind := range faultKinds {
+	for _, kind := range storage.FaultKinds() {
 		counter("l3_faults_total", float64(s.L3.Faults[kind]), kind)
 	}
 	for _, ps := range s.L3.Pools {

@@ -36,6 +36,14 @@ type Config struct {
 	SpillDir string `json:"spill-dir"`
 	// SpillBytes bounds the spill directory.
 	SpillBytes int64 `json:"spill-capacity"`
+	// RemoteAddrs are the seed addresses of a Redis Cluster (or one Redis server)
+	// that the service writes through to: puts are copied there asynchronously, and
+	// a get that misses the arena and the spill looks there, so node services that
+	// share the cluster find each other's pages. Empty: no remote tier.
+	RemoteAddrs []string `json:"remote"`
+	// RemoteQueueBytes bounds the bytes waiting to be written through; beyond it
+	// writes are dropped (and counted) rather than queued.
+	RemoteQueueBytes int64 `json:"remote-queue"`
 	// ClientQuotaBytes bounds the memory one client may register (its host pools);
 	// a registration over it is refused, and that pool runs without L3.
 	ClientQuotaBytes int64 `json:"client-quota"`
@@ -66,6 +74,7 @@ func DefaultConfig(socket string) Config {
 		LowWatermark:     0.85,
 		SpillBytes:       64 << 30,
 		ClientQuotaBytes: 64 << 30,
+		RemoteQueueBytes: 1 << 30,
 		MaxClients:       256,
 		CopyWorkers:      2,
 		RequestTimeout:   30 * time.Second,
@@ -87,6 +96,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("watermarks low %v, high %v: want 0 < low < high <= 1: %w", c.LowWatermark, c.HighWatermark, ErrConfig)
 	case c.SpillDir != "" && c.SpillBytes <= 0:
 		return fmt.Errorf("spill capacity %d bytes: want positive: %w", c.SpillBytes, ErrConfig)
+	case len(c.RemoteAddrs) > 0 && c.RemoteQueueBytes <= 0:
+		return fmt.Errorf("remote queue of %d bytes: want positive: %w", c.RemoteQueueBytes, ErrConfig)
 	case c.ClientQuotaBytes <= 0:
 		return fmt.Errorf("client quota %d bytes: want positive: %w", c.ClientQuotaBytes, ErrConfig)
 	case c.MaxClients < 1:

@@ -40,6 +40,7 @@ type Server struct {
 	log     *slog.Logger
 	arena   *arena.Arena
 	spill   *file.Store // nil without a spill directory
+	remote  *remoteTier // nil without a remote tier
 	ln      *net.UnixListener
 	admin   *http.Server
 	adminLn net.Listener
@@ -87,18 +88,29 @@ func New(cfg Config) (*Server, error) {
 			return nil, errors.Join(err, s.arena.Close(), s.closeSpill())
 		}
 	}
+	if len(cfg.RemoteAddrs) > 0 {
+		s.remote = newRemoteTier(s)
+	}
 	if s.ln, err = wire.Listen(cfg.Socket, cfg.SocketMode, gid); err != nil {
+		s.closeRemote()
 		return nil, errors.Join(fmt.Errorf("socket: %w", err), s.arena.Close(), s.closeSpill())
 	}
 	if cfg.Admin != "" {
 		if err := s.startAdmin(); err != nil {
+			s.closeRemote()
 			return nil, errors.Join(err, s.ln.Close(), s.arena.Close(), s.closeSpill())
 		}
 	}
 	s.wg.Add(1)
 	go s.accept()
-	s.log.Info("node service listening", "socket", cfg.Socket, "admin", s.AdminAddr(), "arena", cfg.ArenaBytes, "spill", cfg.SpillDir)
+	s.log.Info("node service listening", "socket", cfg.Socket, "admin", s.AdminAddr(), "arena", cfg.ArenaBytes, "spill", cfg.SpillDir, "remote", cfg.RemoteAddrs)
 	return s, nil
+}
+
+func (s *Server) closeRemote() {
+	if s.remote != nil {
+		s.remote.close()
+	}
 }
 
 func (s *Server) closeSpill() error {
@@ -143,6 +155,7 @@ func (s *Server) Close() error {
 		_ = c.conn.Close()
 	}
 	s.wg.Wait()
+	s.closeRemote()
 	errs = append(errs, s.arena.Close(), s.closeSpill())
 	return errors.Join(errs...)
 }

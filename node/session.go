@@ -200,6 +200,9 @@ func (c *session) handleBatch(id uint64, msg wire.Message) {
 			}
 			n++
 		}
+		if s.remote != nil && n < len(m.Keys) {
+			n += s.remote.exists(ctx, m.Keys[n:], m.Format)
+		}
 		c.reply(id, wire.TypeExistsReply, wire.ExistsReply{Present: uint32(n)})
 	case *wire.Remove:
 		n := 0
@@ -208,6 +211,13 @@ func (c *session) handleBatch(id uint64, msg wire.Message) {
 			if s.spill != nil {
 				if had, err := s.spill.RemoveObject(ctx, k); err == nil && had {
 					removed = true
+				}
+			}
+			if s.remote != nil {
+				if st := s.remote.store.Load(); st != nil {
+					if had, err := st.RemoveObject(ctx, k); err == nil && had {
+						removed = true
+					}
 				}
 			}
 			if removed {
@@ -225,6 +235,15 @@ func (c *session) handleBatch(id uint64, msg wire.Message) {
 		s.st.gets.Add(1)
 		results := make([]wire.Result, len(m.Items))
 		s.forEach(len(m.Items), func(i int) { results[i] = c.getItem(ctx, m.Items[i]) })
+		if s.remote != nil {
+			var missed []int
+			for i, r := range results {
+				if r.Status == wire.NotFound {
+					missed = append(missed, i)
+				}
+			}
+			c.fetchRemote(ctx, m.Items, missed, results)
+		}
 		c.reply(id, wire.TypeBatchReply, wire.BatchReply{Results: results})
 	}
 }
@@ -286,6 +305,9 @@ func (c *session) putItem(ctx context.Context, it wire.Item) wire.Result {
 	copyFromRuns(p.Bytes(), r.runs)
 	if err := p.Commit(); err != nil {
 		return wire.Result{Status: wire.Internal, Message: wire.ClipMessage(err.Error())}
+	}
+	if s.remote != nil {
+		s.remote.enqueue(it.Key, it.Format, r.size)
 	}
 	s.st.putObjects.Add(1)
 	s.st.putBytes.Add(r.size)

@@ -29,6 +29,8 @@ type Stats struct {
 	// Arena is the DRAM tier, Spill the SSD tier (nil without one).
 	Arena arena.Stats `json:"arena"`
 	Spill *file.Stats `json:"spill,omitempty"`
+	// Remote is the write-through to Redis (nil without one).
+	Remote *RemoteStats `json:"remote,omitempty"`
 	// Ops counts requests and objects since the service started.
 	Ops OpStats `json:"ops"`
 }
@@ -92,6 +94,9 @@ func (s *Server) Stats() Stats {
 	if s.spill != nil {
 		fs := s.spill.Stats()
 		st.Spill = &fs
+	}
+	if s.remote != nil {
+		st.Remote = s.remote.stats()
 	}
 	c := &s.st
 	st.Ops = OpStats{

@@ -7,18 +7,22 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/stratakv/strata/node"
 	"github.com/stratakv/strata/workload"
 )
 
 // EngineJob is what one engine process of a multi-engine run is given (as JSON on
 // its standard input, by `strata bench-engine`): the bench configuration, the
-// workload, which share of the trace is its own, and the node service to share.
+// workload, which share of the trace is its own, and its node service's socket
+// (node L3; with redis L3 the configuration's Redis addresses are the L3).
 type EngineJob struct {
 	Config         Config          `json:"config"`
 	Workload       string          `json:"workload"`
@@ -34,9 +38,14 @@ type EngineResult struct {
 	// TTFTms is every request's modelled TTFT, for the merged quantiles.
 	TTFTms []float64 `json:"ttftMs"`
 	// CrossEngineHitTokens counts L3 hit tokens of pages this engine never computed:
-	// another engine put them in the node service.
+	// another engine put them in L3.
 	CrossEngineHitTokens int64 `json:"crossEngineHitTokens"`
-	PID                  int   `json:"pid"`
+	// ComputedPages are the prefix digests of the pages this engine computed, and
+	// L3HitPages those of every page it had from L3 (one per hit), for the
+	// cross-node count.
+	ComputedPages []uint64 `json:"computedPages"`
+	L3HitPages    []uint64 `json:"l3HitPages"`
+	PID           int      `json:"pid"`
 }
 
 // share is engine e's requests of the trace: every Engines-th one, as a router
@@ -66,7 +75,13 @@ func RunEngine(ctx context.Context, job EngineJob) (*EngineResult, error) {
 	if job.Engines < 1 || job.Engine < 0 || job.Engine >= job.Engines {
 		return nil, fmt.Errorf("engine %d of %d: %w", job.Engine, job.Engines, ErrConfig)
 	}
-	cfg.L3, cfg.NodeSocket, cfg.Engines = L3Node, job.Socket, 1
+	if cfg.L3 != L3Node && cfg.L3 != L3Redis {
+		return nil, fmt.Errorf("engine with L3 %q: engines share L3 through the node service or Redis: %w", cfg.L3, ErrConfig)
+	}
+	if cfg.L3 == L3Node {
+		cfg.NodeSocket = job.Socket
+	}
+	cfg.Engines, cfg.Nodes = 1, 0
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -79,27 +94,46 @@ func RunEngine(ctx context.Context, job EngineJob) (*EngineResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	run.trackOwn()
+	run.trackComputed()
 	rr := RunReport{Name: RunStrata}
 	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: NewProgress(discard{}, false)}
 	err = e.replay(ctx, mine, &rr)
-	res := &EngineResult{Run: rr, TTFTms: e.ttfts, CrossEngineHitTokens: run.cross, PID: os.Getpid()}
+	res := &EngineResult{Run: rr, TTFTms: e.ttfts, CrossEngineHitTokens: run.cross,
+		ComputedPages: slices.Collect(maps.Keys(run.computed)), L3HitPages: run.l3Hits, PID: os.Getpid()}
 	return res, errors.Join(err, run.close())
 }
 
-// runEngines runs the strata run as cfg.Engines engine processes sharing one node
-// service, and merges their reports.
+// runEngines runs the strata run as several engine processes sharing L3 (one node
+// service, several writing through to one Redis, or Redis itself), and merges
+// their reports.
 func runEngines(ctx context.Context, cfg Config, gen workload.Generator, log *slog.Logger) (RunReport, error) {
-	rr := RunReport{Name: RunStrata, Engines: cfg.Engines,
-		Description: fmt.Sprintf("%d engine processes, each L1 + L2 (%gx host), sharing the node service as L3", cfg.Engines, cfg.L2Ratio)}
-	socket := cfg.NodeSocket
-	if socket == "" {
-		srv, dir, err := startEmbeddedNode(cfg, log)
-		if err != nil {
-			return rr, err
+	engines, nodes := cfg.engines(), cfg.nodes()
+	rr := RunReport{Name: RunStrata, Engines: engines}
+	switch {
+	case cfg.L3 == L3Redis:
+		rr.Description = fmt.Sprintf("%d engine processes, each L1 + L2 (%gx host), sharing Redis as L3", engines, cfg.L2Ratio)
+	case nodes > 1:
+		rr.Nodes = nodes
+		rr.Description = fmt.Sprintf("%d engine processes, each L1 + L2 (%gx host), over %d node services writing through to one Redis",
+			engines, cfg.L2Ratio, nodes)
+	default:
+		rr.Description = fmt.Sprintf("%d engine processes, each L1 + L2 (%gx host), sharing the node service as L3", engines, cfg.L2Ratio)
+	}
+	var sockets []string
+	var servers []*node.Server
+	if cfg.L3 == L3Node {
+		if cfg.NodeSocket != "" {
+			sockets = []string{cfg.NodeSocket}
 		}
-		defer func() { _ = srv.Close(); _ = os.RemoveAll(dir) }()
-		socket = srv.Socket()
+		for len(sockets) < nodes {
+			srv, dir, err := startEmbeddedNode(cfg, log)
+			if err != nil {
+				return rr, err
+			}
+			defer func() { _ = srv.Close(); _ = os.RemoveAll(dir) }()
+			sockets = append(sockets, srv.Socket())
+			servers = append(servers, srv)
+		}
 	}
 	wcfg, err := json.Marshal(gen)
 	if err != nil {
@@ -112,18 +146,21 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, log *sl
 		}
 	}
 	start := time.Now()
-	results := make([]*EngineResult, cfg.Engines)
-	errs := make([]error, cfg.Engines)
+	results := make([]*EngineResult, engines)
+	errs := make([]error, engines)
 	var wg sync.WaitGroup
 	progress := cfg.Progress
 	if progress == nil {
 		progress = NewProgress(discard{}, false)
 	}
-	progress.Start(fmt.Sprintf("strata (%d engines)", cfg.Engines), cfg.Engines)
+	progress.Start(fmt.Sprintf("strata (%d engines)", engines), engines)
 	var done int
 	var mu sync.Mutex
-	for e := 0; e < cfg.Engines; e++ {
-		job := EngineJob{Config: cfg, Workload: gen.Name(), WorkloadConfig: wcfg, Engine: e, Engines: cfg.Engines, Socket: socket}
+	for e := range engines {
+		job := EngineJob{Config: cfg, Workload: gen.Name(), WorkloadConfig: wcfg, Engine: e, Engines: engines}
+		if len(sockets) > 0 {
+			job.Socket = sockets[e%len(sockets)]
+		}
 		job.Config.Progress, job.Config.Logger, job.Config.Workload = nil, nil, nil
 		in, err := json.Marshal(job)
 		if err != nil {
@@ -191,12 +228,62 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, log *sl
 		}
 	}
 	rr.L3 = l3
+	if nodes > 1 {
+		rr.CrossNodeHitTokens = crossNodeHitTokens(results, nodes, cfg.PageSize)
+	}
+	if cfg.L3 == L3Node && len(cfg.Redis) > 0 {
+		rr.Remote = remoteReport(servers)
+	}
 	if rr.PromptTokens > 0 {
 		rr.HitRatio = float64(rr.HitTokens.Total()) / float64(rr.PromptTokens)
 	}
 	rr.TTFTms = quantiles(ttfts)
 	rr.Elapsed = Duration(time.Since(start))
 	return rr, nil
+}
+
+// crossNodeHitTokens counts the L3 hit tokens of each node's engines (engine e on
+// node e mod nodes) of pages that none of that node's engines computed.
+func crossNodeHitTokens(results []*EngineResult, nodes, pageSize int) int64 {
+	computed := make([]map[uint64]struct{}, nodes)
+	for n := range computed {
+		computed[n] = map[uint64]struct{}{}
+	}
+	for e, res := range results {
+		for _, d := range res.ComputedPages {
+			computed[e%nodes][d] = struct{}{}
+		}
+	}
+	var tokens int64
+	for e, res := range results {
+		for _, d := range res.L3HitPages {
+			if _, local := computed[e%nodes][d]; !local {
+				tokens += int64(pageSize)
+			}
+		}
+	}
+	return tokens
+}
+
+// remoteReport sums the node services' remote tier counters.
+func remoteReport(servers []*node.Server) *RemoteReport {
+	var out *RemoteReport
+	for _, srv := range servers {
+		r := srv.Stats().Remote
+		if r == nil {
+			continue
+		}
+		if out == nil {
+			out = &RemoteReport{}
+		}
+		out.Written += r.Written
+		out.WriteFailed += r.WriteFailed
+		out.Dropped += r.Dropped
+		out.Hits += r.Hits
+		out.Misses += r.Misses
+		out.Faults += r.Faults
+	}
+	return out
 }
 
 func addTraffic(a, b Traffic) Traffic {

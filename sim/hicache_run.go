@@ -32,12 +32,14 @@ type hicacheRun struct {
 	cleanup  func() error // removes a temporary L3 directory
 	ps       int
 	l3       string
-	own      map[uint64]struct{} // prefixes this engine computed, when tracked
+	computed map[uint64]struct{} // pages (by prefix digest) this engine computed, when tracked
+	l3Hits   []uint64            // every L3 hit page's prefix digest, when tracked
 	cross    int64               // L3 hit tokens of pages another engine computed
 }
 
-// trackOwn makes the run count L3 hits of pages it never computed itself.
-func (h *hicacheRun) trackOwn() { h.own = map[uint64]struct{}{} }
+// trackComputed makes the run record which pages it computed and which it had
+// from L3, and count L3 hits of pages it never computed itself.
+func (h *hicacheRun) trackComputed() { h.computed = map[uint64]struct{}{} }
 
 type hicacheState struct {
 	r        *hicache.Request
@@ -141,12 +143,19 @@ func newBackend(cfg Config, log *slog.Logger) (storage.Backend, func() error, er
 			return nil, nil, errors.Join(fmt.Errorf("node service at %s: %w", socket, err), b.Close(), cleanup())
 		}
 		return b, func() error { return cleanup() }, nil
+	case L3Redis:
+		b, err := openRedis(cfg, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		return b, func() error { return nil }, nil
 	}
 	return nil, nil, fmt.Errorf("L3 backend %q: %w", cfg.L3, ErrConfig)
 }
 
 // startEmbeddedNode runs a node service in this process, on a socket and with an
-// SSD spill directory in a fresh temporary directory.
+// SSD spill directory in a fresh temporary directory, writing through to
+// cfg.Redis when it is set.
 func startEmbeddedNode(cfg Config, log *slog.Logger) (*node.Server, string, error) {
 	dir, err := os.MkdirTemp("", "strata-node-")
 	if err != nil {
@@ -156,6 +165,7 @@ func startEmbeddedNode(cfg Config, log *slog.Logger) (*node.Server, string, erro
 	nc.Admin = ""
 	nc.ArenaBytes = cfg.NodeArenaBytes
 	nc.SpillDir = filepath.Join(dir, "spill")
+	nc.RemoteAddrs = cfg.Redis
 	nc.Logger = log
 	srv, err := node.New(nc)
 	if err != nil {
@@ -208,9 +218,11 @@ func (h *hicacheRun) admit(a *active) (bool, error) {
 		a.loadWall = time.Since(start)
 	}
 	a.hitL1, a.hitL2, a.hitL3 = r.L1Tokens, r.L2Tokens, r.L3Tokens
-	if h.own != nil {
+	if h.computed != nil {
 		for p := (r.L1Tokens + r.L2Tokens) / h.ps; p < r.HitTokens/h.ps; p++ {
-			if _, mine := h.own[a.hs[(p+1)*h.ps-1]]; !mine {
+			d := a.hs[(p+1)*h.ps-1]
+			h.l3Hits = append(h.l3Hits, d)
+			if _, mine := h.computed[d]; !mine {
 				h.cross += int64(h.ps)
 			}
 		}
@@ -263,9 +275,11 @@ func (h *hicacheRun) prefill(a *active) {
 
 func (h *hicacheRun) finish(a *active) error {
 	st := a.state.(*hicacheState)
-	if h.own != nil {
-		for p := 0; (p+1)*h.ps <= len(a.tokens); p++ {
-			h.own[a.hs[(p+1)*h.ps-1]] = struct{}{}
+	if h.computed != nil {
+		// The hit's pages came from the cache; the rest this engine prefilled or
+		// decoded.
+		for p := a.hit() / h.ps; (p+1)*h.ps <= len(a.tokens); p++ {
+			h.computed[a.hs[(p+1)*h.ps-1]] = struct{}{}
 		}
 	}
 	for i := range h.kv.pools {

@@ -22,6 +22,9 @@ type Report struct {
 	L2Tokens int64 `json:"l2_tokens"`
 	// L3 names the L3 backend of the strata run ("" for none).
 	L3 string `json:"l3,omitempty"`
+	// Redis says which Redis the strata run used (addresses given, or the local
+	// cluster the bench started); "" for none.
+	Redis string `json:"redis,omitempty"`
 	// Requests is the number of requests in the trace.
 	Requests int `json:"requests"`
 	// PromptTokens is the sum of every request's prompt length.
@@ -70,6 +73,15 @@ type RunReport struct {
 	Engines int `json:"engines,omitempty"`
 	// CrossEngineHitTokens counts L3 hit tokens of pages another engine computed.
 	CrossEngineHitTokens int64 `json:"cross_engine_hit_tokens,omitempty"`
+	// Nodes is the number of node services of a multi-node run.
+	Nodes int `json:"nodes,omitempty"`
+	// CrossNodeHitTokens counts L3 hit tokens, on the engines of one node service,
+	// of pages that no engine of that node computed: they came from another node
+	// through Redis. Pages an engine computed after it had them from Redis are left
+	// out, so this is a lower bound.
+	CrossNodeHitTokens int64 `json:"cross_node_hit_tokens,omitempty"`
+	// Remote is the node services' remote tier activity, summed; nil without one.
+	Remote *RemoteReport `json:"remote,omitempty"`
 	// Elapsed is the wall time of the run.
 	Elapsed Duration `json:"elapsed"`
 }
@@ -120,6 +132,22 @@ type L3Report struct {
 	Faults map[string]int64 `json:"faults,omitempty"`
 	// Pools is the L3 status of each pool of the group.
 	Pools []PoolL3Status `json:"pools"`
+}
+
+// RemoteReport is the node services' write-through to Redis during a run, in
+// objects (one per page and pool part).
+type RemoteReport struct {
+	// Written objects reached Redis; WriteFailed did not (Redis refused or was
+	// down); Dropped were never sent because the bounded write queue was full.
+	Written     int64 `json:"written"`
+	WriteFailed int64 `json:"write_failed"`
+	Dropped     int64 `json:"dropped"`
+	// Hits are local misses that Redis served (and the node promoted into its
+	// arena); Misses are local misses Redis did not have either.
+	Hits   int64 `json:"hits"`
+	Misses int64 `json:"misses"`
+	// Faults counts Redis errors other than a miss.
+	Faults int64 `json:"faults"`
 }
 
 // PrefetchOutcomes counts how prefetches ended.

@@ -11,6 +11,9 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/stratakv/strata/hicache"
@@ -22,9 +25,10 @@ import (
 
 // L3 backends of the strata run.
 const (
-	L3None = "none"
-	L3File = "file"
-	L3Node = "node"
+	L3None  = "none"
+	L3File  = "file"
+	L3Node  = "node"
+	L3Redis = "redis"
 )
 
 // Run names.
@@ -61,8 +65,21 @@ type Config struct {
 	// MaxRunning is the most requests the engine runs at once; each holds its pages
 	// in L1 from admission to completion.
 	MaxRunning int `json:"maxRunning"`
-	// L3 is the strata run's L3 backend: node (the node service), file or none.
+	// L3 is the strata run's L3 backend: node (the node service), redis (a Redis
+	// Cluster or server, straight from each engine), file or none.
 	L3 string `json:"l3"`
+	// Redis are the addresses of the Redis Cluster (any of its masters) or
+	// standalone server the strata run uses: its L3 with L3 redis, the node
+	// services' remote tier with L3 node. Empty where Redis is needed (L3 redis, or
+	// Nodes > 1) starts a local cluster of 3 masters in a temporary directory for
+	// the run, when redis-server is installed. Pages that earlier benches left in
+	// a given Redis are hits (and verified as any other).
+	Redis []string `json:"redis"`
+	// Nodes is the number of node services of the strata run (L3 node): each
+	// started in this process with its own arena, spill and socket, all writing
+	// through to one Redis, standing for nodes of a cluster. Engines are spread over
+	// them (engine e uses node e mod Nodes); Engines defaults to Nodes.
+	Nodes int `json:"nodes"`
 	// NodeSocket is a running node service's socket; empty starts one in this
 	// process, with an SSD spill directory in a temporary directory.
 	NodeSocket string `json:"nodeSocket"`
@@ -73,9 +90,9 @@ type Config struct {
 	L3Dir string `json:"l3Dir"`
 	// L3CapacityBytes bounds the file backend; 0 keeps its default.
 	L3CapacityBytes int64 `json:"l3CapacityBytes"`
-	// Engines is the number of engine processes of the strata run (node L3 only):
-	// each replays every Engines-th request with its own L1 and L2, all sharing one
-	// node service, as engines behind a router without session affinity do.
+	// Engines is the number of engine processes of the strata run (node or redis
+	// L3): each replays every Engines-th request with its own L1 and L2, all
+	// sharing the L3, as engines behind a router without session affinity do.
 	Engines int `json:"engines"`
 	// EngineBinary is the strata binary engines are started from; empty means this
 	// process's executable.
@@ -136,14 +153,33 @@ func (c Config) Validate() error {
 	if err := c.Model.Geometry.Validate(); err != nil {
 		return fmt.Errorf("model %q: %w", c.Model.Name, err)
 	}
-	if c.L3 != L3None && c.L3 != L3File && c.L3 != L3Node {
-		return fmt.Errorf("L3 backend %q: want %s, %s or %s: %w", c.L3, L3Node, L3File, L3None, ErrConfig)
+	if c.L3 != L3None && c.L3 != L3File && c.L3 != L3Node && c.L3 != L3Redis {
+		return fmt.Errorf("L3 backend %q: want %s, %s, %s or %s: %w", c.L3, L3Node, L3Redis, L3File, L3None, ErrConfig)
 	}
-	if c.Engines > 1 && c.L3 != L3Node {
-		return fmt.Errorf("%d engines share L3 through the node service; use --l3 node: %w", c.Engines, ErrConfig)
+	if c.Engines > 1 && c.L3 != L3Node && c.L3 != L3Redis {
+		return fmt.Errorf("%d engines share L3 through the node service or Redis; use --l3 node or --l3 redis: %w", c.Engines, ErrConfig)
 	}
 	if c.Engines < 0 || c.Engines > 64 {
 		return fmt.Errorf("%d engines: want 1 to 64: %w", c.Engines, ErrConfig)
+	}
+	if c.Nodes < 0 || c.Nodes > 16 {
+		return fmt.Errorf("%d node services: want 1 to 16: %w", c.Nodes, ErrConfig)
+	}
+	if c.Nodes > 1 {
+		if c.L3 != L3Node {
+			return fmt.Errorf("%d node services need --l3 node: %w", c.Nodes, ErrConfig)
+		}
+		if c.NodeSocket != "" {
+			return fmt.Errorf("%d node services are started by the bench; --socket names one running service, drop one of them: %w", c.Nodes, ErrConfig)
+		}
+		if c.Engines > 1 && c.Engines < c.Nodes {
+			return fmt.Errorf("%d engines over %d node services leaves a node without an engine; give at least as many engines: %w", c.Engines, c.Nodes, ErrConfig)
+		}
+	}
+	for _, a := range c.Redis {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("redis address %q: want host:port: %w", a, ErrConfig)
+		}
 	}
 	if c.L3 == L3Node && c.NodeSocket == "" && c.NodeArenaBytes < 1<<20 {
 		return fmt.Errorf("node arena of %d bytes: want at least 1 MiB: %w", c.NodeArenaBytes, ErrConfig)
@@ -158,6 +194,19 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// engines is the number of engine processes of the strata run: Engines, or one per
+// node service.
+func (c Config) engines() int {
+	return max(c.Engines, c.nodes(), 1)
+}
+
+// nodes is the number of node services of the strata run.
+func (c Config) nodes() int { return max(c.Nodes, 1) }
+
+// needsRedis reports whether the strata run needs a Redis: as its L3, or as the
+// remote tier that connects several node services.
+func (c Config) needsRedis() bool { return c.L3 == L3Redis || c.L3 == L3Node && c.Nodes > 1 }
 
 func (c Config) l2Pages() int {
 	return int(math.Ceil(float64(c.L1Tokens/int64(c.PageSize)) * c.L2Ratio))
@@ -207,13 +256,25 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if len(runs) == 0 {
 		runs = []string{RunL1Only, RunCeiling, RunStrata}
 	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if len(cfg.Redis) > 0 {
+		rep.Redis = strings.Join(cfg.Redis, ",")
+	}
+	if cfg.needsRedis() && len(cfg.Redis) == 0 && slices.Contains(runs, RunStrata) {
+		addrs, stop, err := startLocalRedis(log)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = stop() }()
+		cfg.Redis = addrs
+		rep.Redis = fmt.Sprintf("local cluster of %d masters", localRedisMasters)
+	}
 	maxPages := int((trace.PromptTokens()+trace.OutputTokens())/int64(cfg.PageSize)) + 1
 	for _, name := range runs {
-		if name == RunStrata && cfg.Engines > 1 {
-			log := cfg.Logger
-			if log == nil {
-				log = slog.Default()
-			}
+		if name == RunStrata && cfg.engines() > 1 {
 			rr, err := runEngines(ctx, cfg, gen, log)
 			if err != nil {
 				return nil, fmt.Errorf("run %s: %w", name, err)
@@ -248,6 +309,9 @@ func runOne(ctx context.Context, cfg Config, name string, trace workload.Trace, 
 		rr.Description = fmt.Sprintf("L1 + L2 (%gx host), %s", cfg.L2Ratio, cfg.WritePolicy)
 		if cfg.L3 != L3None {
 			rr.Description += " + L3 " + cfg.L3
+			if cfg.L3 == L3Node && len(cfg.Redis) > 0 {
+				rr.Description += " writing through to Redis"
+			}
 		}
 		run, err = newHicacheRun(cfg, true, true)
 	}

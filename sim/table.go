@@ -64,6 +64,12 @@ func (r *Report) writeHeader(buf *bytes.Buffer) {
 	if l3 == "" {
 		l3 = "none"
 	}
+	switch {
+	case r.Redis != "" && r.L3 == L3Redis:
+		l3 += " (" + r.Redis + ")"
+	case r.Redis != "":
+		l3 += ", writing through to Redis (" + r.Redis + ")"
+	}
 	fmt.Fprintf(tw, "L3\t%s\n", l3)
 	fmt.Fprintf(tw, "requests\t%d\n", r.Requests)
 	fmt.Fprintf(tw, "prompt tokens\t%s\n", groupDigits(r.PromptTokens))
@@ -147,8 +153,16 @@ func (r *Report) writeRunNotes(buf *bytes.Buffer) {
 				run.Name, groupDigits(run.DraftRecomputePages)))
 		}
 		if run.Engines > 1 {
-			notes = append(notes, fmt.Sprintf("%s: %d engine processes sharing the node service; %s L3 hit tokens were computed by another engine",
+			notes = append(notes, fmt.Sprintf("%s: %d engine processes sharing L3; %s L3 hit tokens were computed by another engine",
 				run.Name, run.Engines, groupDigits(run.CrossEngineHitTokens)))
+		}
+		if run.Nodes > 1 {
+			notes = append(notes, fmt.Sprintf("%s: %d node services on one Redis; %s L3 hit tokens were computed on another node (cross-node hits)",
+				run.Name, run.Nodes, groupDigits(run.CrossNodeHitTokens)))
+		}
+		if rm := run.Remote; rm != nil {
+			notes = append(notes, fmt.Sprintf("%s: node write-through to Redis: %s objects written, %d failed, %d dropped; %s local misses served by Redis, %s missed there too, %d faults",
+				run.Name, groupDigits(rm.Written), rm.WriteFailed, rm.Dropped, groupDigits(rm.Hits), groupDigits(rm.Misses), rm.Faults))
 		}
 		if run.L3 != nil {
 			notes = append(notes, run.Name+": "+describeL3(run.L3))

@@ -118,18 +118,27 @@ func FormatOf(l kvlayout.Layout) Format {
 	return Format(xxh3.Hash(b))
 }
 
-// CheckBatch validates a Get or Put batch against a pool layout.
-func CheckBatch(spec PoolSpec, keys []pagekey.Key, pages []pool.PageID) error {
+// CheckKeys validates the keys of an Exists, Get or Put batch: at most MaxBatch,
+// none empty.
+func CheckKeys(keys []pagekey.Key) error {
 	if len(keys) > MaxBatch {
-		return fmt.Errorf("batch of %d pages, at most %d: %w", len(keys), MaxBatch, ErrBatch)
-	}
-	if len(keys) != len(pages) {
-		return fmt.Errorf("%d keys for %d pages: %w", len(keys), len(pages), ErrBatch)
+		return fmt.Errorf("batch of %d keys, at most %d: %w", len(keys), MaxBatch, ErrBatch)
 	}
 	for i, k := range keys {
 		if k.IsZero() {
 			return fmt.Errorf("key %d is empty: %w", i, ErrBatch)
 		}
+	}
+	return nil
+}
+
+// CheckBatch validates a Get or Put batch against a pool layout.
+func CheckBatch(spec PoolSpec, keys []pagekey.Key, pages []pool.PageID) error {
+	if err := CheckKeys(keys); err != nil {
+		return err
+	}
+	if len(keys) != len(pages) {
+		return fmt.Errorf("%d keys for %d pages: %w", len(keys), len(pages), ErrBatch)
 	}
 	for _, p := range pages {
 		if p < 0 || int(p) >= spec.Layout.Pages {

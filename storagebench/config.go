@@ -139,6 +139,13 @@ type Config struct {
 	Socket string `json:"socket,omitempty"`
 	// NoRedis skips the Redis server the node backend is measured against.
 	NoRedis bool `json:"noRedis,omitempty"`
+	// Redis, for the redis backend, are the addresses of a Redis Cluster node or
+	// standalone server to measure; empty starts a redis-server for the run (a
+	// cluster of 3 masters with RedisCluster). On a Redis of the user's, the
+	// store's objects expire an hour after the run unless Keep.
+	Redis []string `json:"redis,omitempty"`
+	// RedisCluster makes the redis backend's own Redis a cluster of 3 masters.
+	RedisCluster bool `json:"redisCluster,omitempty"`
 	// Available reports the host memory the run may take; nil means
 	// hostmem.AvailableBytes. The host pool holds every batch when that fits in half
 	// of it, else one batch whose pages are refilled for each.
@@ -165,6 +172,12 @@ func (c Config) Validate() error {
 		if _, err := targetByName(c.Backend); err != nil {
 			return err
 		}
+	}
+	if (len(c.Redis) > 0 || c.RedisCluster) && c.NewTarget == nil && c.Backend != BackendRedis {
+		return fmt.Errorf("redis settings are for the %s backend, not %s: %w", BackendRedis, c.Backend, ErrConfig)
+	}
+	if len(c.Redis) > 0 && c.RedisCluster {
+		return fmt.Errorf("redis addresses and a local redis cluster: give one: %w", ErrConfig)
 	}
 	if c.Shape != "" {
 		if _, err := ShapeByName(c.Shape); err != nil {

@@ -44,23 +44,15 @@ func NodeTarget(s Scratch) (t Target, err error) {
 	arenaBytes := roundUpTo(stored+stored/10, 1<<20)
 	workers := node.DefaultConfig("").CopyWorkers
 	t = Target{Name: BackendNode, Warm: true}
-	var closers []func() error
+	var closers cleanups
 	defer func() {
 		if err != nil {
-			for i := len(closers) - 1; i >= 0; i-- {
-				_ = closers[i]()
-			}
+			_ = closers.run()
 		}
 	}()
 	// Close stops the embedded service (after the run has closed its clients) and
 	// removes its socket's directory.
-	t.Close = func() error {
-		var errs []error
-		for i := len(closers) - 1; i >= 0; i-- {
-			errs = append(errs, closers[i]())
-		}
-		return errors.Join(errs...)
-	}
+	t.Close = closers.run
 
 	// What the run holds at its peak besides the arena: a host pool of two batches
 	// per engine, and either the one-engine peers (memcpy, and Redis: its values in
@@ -86,7 +78,7 @@ func NodeTarget(s Scratch) (t Target, err error) {
 		if err != nil {
 			return Target{}, fmt.Errorf("node service socket directory: %w", err)
 		}
-		closers = append(closers, func() error { return os.RemoveAll(dir) })
+		closers.add(func() error { return os.RemoveAll(dir) })
 		socket = filepath.Join(dir, "node.sock")
 		cfg := node.DefaultConfig(socket)
 		cfg.ArenaBytes = arenaBytes
@@ -103,7 +95,7 @@ func NodeTarget(s Scratch) (t Target, err error) {
 		if err != nil {
 			return Target{}, fmt.Errorf("start the node service: %w", err)
 		}
-		closers = append(closers, srv.Close)
+		closers.add(srv.Close)
 		t.Describe = fmt.Sprintf("embedded service, %s arena holding every object of the run + 10%%, %d copy workers, no spill",
 			formatBytes(arenaBytes), workers)
 	} else {

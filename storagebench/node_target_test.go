@@ -143,9 +143,7 @@ func TestRunNodeWithoutRedis(t *testing.T) {
 	}{
 		{"no-redis", "redis: skipped (--no-redis)", func(c *Config) { c.NoRedis = true }},
 		{"not installed", "redis: not installed (apt-get install redis-server)", func(*Config) {
-			old := redisBinary
-			redisBinary = "strata-test-no-such-redis-server"
-			t.Cleanup(func() { redisBinary = old })
+			t.Setenv("PATH", t.TempDir())
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -2,28 +2,20 @@ package storagebench
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/stratakv/strata/internal/redisproc"
 )
 
 // ErrRedisNotInstalled reports that redis-server is not in PATH.
-var ErrRedisNotInstalled = errors.New("redis-server is not installed (apt-get install redis-server)")
-
-// redisBinary is the server StartRedis runs; tests replace it.
-var redisBinary = "redis-server"
+var ErrRedisNotInstalled = redisproc.ErrNotInstalled
 
 // redisTimeout bounds one socket read or write of the Redis client. A pipeline of
 // 128 pages moves 512 MiB or more in one go; on a loaded machine that can take
@@ -35,75 +27,43 @@ const redisTimeout = 5 * time.Minute
 // carries is the commands and reply headers between them.
 const redisBuffer = 1 << 20
 
-// RedisPeer is a Redis server on loopback doing the node service's job, the
-// service an engine would otherwise use: every chunk a value under the object's
-// name, stored with one pipeline of SETs per batch and read back with one
-// pipeline of GETs whose replies go straight into the host pages
-// (go-redis's GetToBuffer, the client's fastest read: no allocation, no copy
-// after the socket's). StartRedis starts the server; Close stops it.
+// RedisPeer is Redis driven with raw pipelines: every chunk a value under a name,
+// stored with one pipeline of SETs per batch and read back with one pipeline of
+// GETs whose replies go straight into the host pages (go-redis's GetToBuffer, the
+// client's fastest read: no allocation, no copy after the socket's). On a Redis
+// Cluster the client splits each pipeline by master and runs the parts at once.
+//
+// StartRedis starts a server of its own for it (the service an engine would use
+// instead of the node service); NewRedisPeer drives a client it is given (the
+// redis backend's own, to hold the store against the raw commands it is built
+// on). Close removes what it stored.
 type RedisPeer struct {
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	log     *tailBuffer
-	addr    string
-	version string
-	client  *redis.Client
+	client redis.UniversalClient
+	server *redisproc.Server // started by StartRedis; nil for NewRedisPeer
+	name   string
+	prefix string        // of the names Write makes up
+	ttl    time.Duration // of every SET; 0 for none
 
-	mu     sync.Mutex
-	names  []string // what Write stored, for Read
-	next   int
-	closed bool
+	mu      sync.Mutex
+	names   []string // what Write stored, for Read
+	next    int
+	written []string // every key stored, to delete at Close on a borrowed client
+	closed  bool
 }
 
 var _ NamedPeer = (*RedisPeer)(nil)
 
 // StartRedis starts redis-server on 127.0.0.1 and a free port, with persistence
 // off and no memory limit, working in dir, and waits until it answers PING. It
-// returns ErrRedisNotInstalled when there is no redis-server in PATH.
+// returns an error wrapping ErrRedisNotInstalled when there is no redis-server in
+// PATH. Close stops the server.
 func StartRedis(ctx context.Context, dir string) (*RedisPeer, error) {
-	bin, err := exec.LookPath(redisBinary)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrRedisNotInstalled, err)
-	}
-	// The port is free when asked and taken by the server a moment later; another
-	// process may take it in between, so try a few.
-	var errs []error
-	for range 3 {
-		p, err := startRedisOnce(ctx, bin, dir)
-		if err == nil {
-			return p, nil
-		}
-		errs = append(errs, err)
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	return nil, errors.Join(errs...)
-}
-
-func startRedisOnce(ctx context.Context, bin, dir string) (*RedisPeer, error) {
-	port, err := freePort()
+	srv, err := redisproc.Start(dir, "--maxmemory", "0")
 	if err != nil {
 		return nil, err
 	}
-	p := &RedisPeer{exited: make(chan struct{}), log: &tailBuffer{max: 8 << 10}, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
-	p.cmd = exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--protected-mode", "yes", "--maxmemory", "0", "--dir", dir, "--daemonize", "no")
-	p.cmd.Dir = dir
-	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
-	// The server dies with the benchmark, even when the benchmark is killed (Linux
-	// sends the signal when the thread that started it exits; Go keeps its threads
-	// unless a goroutine locked to one ends).
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", bin, err)
-	}
-	go func() {
-		_ = p.cmd.Wait()
-		close(p.exited)
-	}()
-	p.client = redis.NewClient(&redis.Options{
-		Addr:                     p.addr,
+	client := redis.NewClient(&redis.Options{
+		Addr:                     srv.Addr(),
 		DisableIdentity:          true,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		DialTimeout:              5 * time.Second,
@@ -116,73 +76,64 @@ func startRedisOnce(ctx context.Context, bin, dir string) (*RedisPeer, error) {
 		PipelineReadBufferSize:   redisBuffer,
 		PipelineWriteBufferSize:  redisBuffer,
 	})
-	if err := p.waitReady(ctx); err != nil {
+	p := &RedisPeer{client: client, server: srv, prefix: "strata-bench-chunk-"}
+	version, err := redisVersion(ctx, client)
+	if err != nil {
 		_ = p.Close()
-		return nil, err
+		return nil, fmt.Errorf("redis-server on %s: %w", srv.Addr(), err)
 	}
+	p.name = fmt.Sprintf("redis-server %s on %s: pipelined SET, pipelined GET into the pages (go-redis v9, one pipeline per batch)", version, srv.Addr())
 	return p, nil
 }
 
-// waitReady waits for PING to succeed and reads the server's version.
-func (p *RedisPeer) waitReady(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	for {
-		pctx, pcancel := context.WithTimeout(ctx, time.Second)
-		err := p.client.Ping(pctx).Err()
-		pcancel()
-		if err == nil {
-			break
-		}
-		select {
-		case <-p.exited:
-			return fmt.Errorf("redis-server on %s exited at start: %s", p.addr, p.log.lastLine())
-		case <-ctx.Done():
-			return fmt.Errorf("redis-server on %s does not answer PING: %w (%s)", p.addr, err, p.log.lastLine())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	info, err := p.client.Info(ctx, "server").Result()
+// NewRedisPeer drives client, which it does not close: name describes it for the
+// report, prefix starts the names Write makes up (distinct from any other user's
+// keys), and ttl, when positive, expires every value it stores as a store with
+// that TTL would. Close deletes every key it stored.
+func NewRedisPeer(client redis.UniversalClient, name, prefix string, ttl time.Duration) *RedisPeer {
+	return &RedisPeer{client: client, name: name, prefix: prefix, ttl: ttl}
+}
+
+// redisVersion reads redis_version from INFO server.
+func redisVersion(ctx context.Context, c redis.UniversalClient) (string, error) {
+	info, err := c.Info(ctx, "server").Result()
 	if err != nil {
-		return fmt.Errorf("redis-server on %s: INFO: %w", p.addr, err)
+		return "", fmt.Errorf("INFO: %w", err)
 	}
-	p.version = "?"
 	sc := bufio.NewScanner(strings.NewReader(info))
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "redis_version:"); ok {
-			p.version = v
+			return v, nil
 		}
 	}
-	return nil
+	return "?", nil
 }
 
-// freePort asks the kernel for a free TCP port on loopback.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port for redis-server: %w", err)
+// Addr is the server's address for a peer StartRedis started, else "".
+func (p *RedisPeer) Addr() string {
+	if p.server == nil {
+		return ""
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	return port, ln.Close()
+	return p.server.Addr()
 }
 
-// Addr is the server's address.
-func (p *RedisPeer) Addr() string { return p.addr }
-
-// Pid is the server's process id.
-func (p *RedisPeer) Pid() int { return p.cmd.Process.Pid }
+// Pid is the server's process id for a peer StartRedis started, else 0.
+func (p *RedisPeer) Pid() int {
+	if p.server == nil {
+		return 0
+	}
+	return p.server.PID()
+}
 
 // Name describes the server and how it is driven.
-func (p *RedisPeer) Name() string {
-	return fmt.Sprintf("redis-server %s on %s: pipelined SET, pipelined GET into the pages (go-redis v9, one pipeline per batch)", p.version, p.addr)
-}
+func (p *RedisPeer) Name() string { return p.name }
 
 // Write stores src's chunks under names of the peer's own, in order.
 func (p *RedisPeer) Write(ctx context.Context, src [][]byte) (time.Duration, error) {
 	p.mu.Lock()
 	names := make([]string, len(src))
 	for i := range names {
-		names[i] = fmt.Sprintf("strata-bench-chunk-%08d", len(p.names)+i)
+		names[i] = fmt.Sprintf("%s%08d", p.prefix, len(p.names)+i)
 	}
 	p.names = append(p.names, names...)
 	p.mu.Unlock()
@@ -207,10 +158,15 @@ func (p *RedisPeer) WriteNamed(ctx context.Context, names []string, src [][]byte
 	if len(names) != len(src) {
 		return 0, fmt.Errorf("redis peer write: %d names for %d chunks", len(names), len(src))
 	}
+	p.mu.Lock()
+	if p.server == nil {
+		p.written = append(p.written, names...)
+	}
+	p.mu.Unlock()
 	start := time.Now()
 	pipe := p.client.Pipeline()
 	for i, b := range src {
-		pipe.Set(ctx, names[i], b, 0)
+		pipe.Set(ctx, names[i], b, p.ttl)
 	}
 	cmds, err := pipe.Exec(ctx)
 	d := time.Since(start)
@@ -258,8 +214,34 @@ func firstCmdError(cmds []redis.Cmder, err error) error {
 	return err
 }
 
-// Close closes the client and stops the server by its pid (SIGKILL: nothing is
-// persisted), then waits for it. It may be called more than once.
+// forget deletes the values stored under names.
+func (p *RedisPeer) forget(ctx context.Context, names []string) error {
+	return p.del(ctx, names)
+}
+
+// del deletes keys, redisDeleteBatch to a pipeline, one key per DEL: a cluster's
+// keys live in many slots.
+func (p *RedisPeer) del(ctx context.Context, keys []string) error {
+	for len(keys) > 0 {
+		n := min(len(keys), redisDeleteBatch)
+		pipe := p.client.Pipeline()
+		for _, k := range keys[:n] {
+			pipe.Del(ctx, k)
+		}
+		if cmds, err := pipe.Exec(ctx); err != nil {
+			return fmt.Errorf("redis peer: delete what it stored: %w", firstCmdError(cmds, err))
+		}
+		keys = keys[n:]
+	}
+	return nil
+}
+
+// redisDeleteBatch is the most keys one cleanup pipeline deletes.
+const redisDeleteBatch = 512
+
+// Close removes what the peer stored: it stops the server StartRedis started
+// (nothing is persisted), or deletes every key it stored through a borrowed
+// client. It may be called more than once.
 func (p *RedisPeer) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -267,47 +249,14 @@ func (p *RedisPeer) Close() error {
 		return nil
 	}
 	p.closed = true
-	_ = p.client.Close()
-	select {
-	case <-p.exited:
+	if p.server != nil {
+		_ = p.client.Close()
+		p.server.Stop()
 		return nil
-	default:
 	}
-	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, syscall.ESRCH) && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("stop redis-server (pid %d): %w", p.cmd.Process.Pid, err)
-	}
-	select {
-	case <-p.exited:
-		return nil
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("redis-server (pid %d) did not exit 10 s after SIGKILL", p.cmd.Process.Pid)
-	}
-}
-
-// tailBuffer keeps the last max bytes written to it: a child's output.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
-}
-
-func (t *tailBuffer) Write(b []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, b...)
-	if over := len(t.buf) - t.max; over > 0 {
-		t.buf = append(t.buf[:0], t.buf[over:]...)
-	}
-	return len(b), nil
-}
-
-// lastLine is the last non-blank line written, for error messages.
-func (t *tailBuffer) lastLine() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	lines := bytes.Split(bytes.TrimSpace(t.buf), []byte("\n"))
-	if len(lines) == 0 || len(lines[len(lines)-1]) == 0 {
-		return "no output"
-	}
-	return string(bytes.TrimSpace(lines[len(lines)-1]))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := p.del(ctx, p.written)
+	p.written = nil
+	return err
 }

@@ -65,9 +65,7 @@ func TestRedisPeerRoundTrip(t *testing.T) {
 }
 
 func TestStartRedisNotInstalled(t *testing.T) {
-	old := redisBinary
-	redisBinary = "strata-test-no-such-redis-server"
-	t.Cleanup(func() { redisBinary = old })
+	t.Setenv("PATH", t.TempDir())
 	if _, err := StartRedis(context.Background(), t.TempDir()); !errors.Is(err, ErrRedisNotInstalled) {
 		t.Fatalf("StartRedis without the binary = %v", err)
 	}

@@ -122,7 +122,8 @@ func (r *run) available() func() (int64, error) {
 func (r *run) run(ctx context.Context, newTarget TargetFunc) error {
 	var err error
 	r.target, err = newTarget(Scratch{Dir: r.scratch, Bytes: r.rep.Bytes, BatchBytes: r.batchBytes(), Socket: r.cfg.Socket,
-		NoRedis: r.cfg.NoRedis, Available: r.available(), Progress: r.progress})
+		NoRedis: r.cfg.NoRedis, Redis: r.cfg.Redis, RedisCluster: r.cfg.RedisCluster, Keep: r.cfg.Keep,
+		Available: r.available(), Progress: r.progress})
 	if err != nil {
 		return err
 	}
@@ -158,15 +159,7 @@ func (r *run) run(ctx context.Context, newTarget TargetFunc) error {
 			r.e.fill(b)
 		}
 	}
-	if err := r.putPhase(ctx); err != nil {
-		return err
-	}
-	if r.target.DropCache != nil {
-		if err := r.target.DropCache(ctx); err != nil {
-			return fmt.Errorf("evict the %s backend's pages from the page cache: %w", r.rep.Backend, err)
-		}
-	}
-	if err := r.getPhase(ctx); err != nil {
+	if err := r.putGetPhases(ctx); err != nil {
 		return err
 	}
 	if err := r.existsPhase(ctx); err != nil {
@@ -493,7 +486,14 @@ func peerRead(e *engine, p Peer, dst [][]byte, bad *int64) func(context.Context,
 	}
 }
 
-func (r *run) putPhase(ctx context.Context) error {
+// phase is the contenders timed on each batch in one direction, and how their
+// times go into the report once every batch has run.
+type phase struct {
+	cs     []*contender
+	report func()
+}
+
+func (r *run) putContenders() phase {
 	e := r.e
 	backend := &contender{name: "backend", do: func(ctx context.Context, b int) (time.Duration, error) {
 		start := time.Now()
@@ -512,27 +512,19 @@ func (r *run) putPhase(ctx context.Context) error {
 		redis = &contender{name: "redis", do: peerWrite(e, r.target.Redis)}
 		cs = append(cs, redis)
 	}
-	for b := range r.cfg.Batches {
-		if !e.holdAll {
-			e.fill(b)
+	return phase{cs: cs, report: func() {
+		r.rep.PutGBps, r.rep.PutBatchGBps = r.gbps(backend.times)
+		r.rep.PeerPutGBps, _ = r.gbps(peer.times)
+		if stream != nil {
+			r.rep.StreamPutGBps, _ = r.gbps(stream.times)
 		}
-		r.progress("put batch %d/%d", b+1, r.cfg.Batches)
-		if err := rotate(ctx, cs, b); err != nil {
-			return err
+		if redis != nil {
+			r.rep.RedisPutGBps, r.rep.RedisPutBatchGBps = r.gbps(redis.times)
 		}
-	}
-	r.rep.PutGBps, r.rep.PutBatchGBps = r.gbps(backend.times)
-	r.rep.PeerPutGBps, _ = r.gbps(peer.times)
-	if stream != nil {
-		r.rep.StreamPutGBps, _ = r.gbps(stream.times)
-	}
-	if redis != nil {
-		r.rep.RedisPutGBps, r.rep.RedisPutBatchGBps = r.gbps(redis.times)
-	}
-	return nil
+	}}
 }
 
-func (r *run) getPhase(ctx context.Context) error {
+func (r *run) getContenders() phase {
 	e := r.e
 	dstPages := e.dstPages()
 	dst := e.chunks(dstPages)
@@ -559,26 +551,67 @@ func (r *run) getPhase(ctx context.Context) error {
 		redis = &contender{name: "redis", do: peerRead(e, r.target.Redis, dst, &redisBad)}
 		cs = append(cs, redis)
 	}
+	return phase{cs: cs, report: func() {
+		if peerBad > 0 {
+			r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("the peers read back %d pages with wrong bytes: the disk or the peer is broken, the ratios mean nothing", peerBad))
+		}
+		if redisBad > 0 {
+			r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("redis read back %d pages with wrong bytes: its figures mean nothing", redisBad))
+		}
+		r.rep.GetGBps, r.rep.GetBatchGBps = r.gbps(backend.times)
+		r.rep.PeerGetGBps, _ = r.gbps(peer.times)
+		if stream != nil {
+			r.rep.StreamGetGBps, _ = r.gbps(stream.times)
+		}
+		if redis != nil {
+			r.rep.RedisGetGBps, r.rep.RedisGetBatchGBps = r.gbps(redis.times)
+		}
+	}}
+}
+
+// putGetPhases times every batch's puts, then (after the target's DropCache)
+// every batch's gets; for a PerBatch target, each batch's gets right after its
+// puts, and the batch forgotten before the next (but the last, kept for Exists).
+func (r *run) putGetPhases(ctx context.Context) error {
+	e := r.e
+	put, get := r.putContenders(), r.getContenders()
 	for b := range r.cfg.Batches {
-		r.progress("get batch %d/%d", b+1, r.cfg.Batches)
-		if err := rotate(ctx, cs, b); err != nil {
+		if !e.holdAll {
+			e.fill(b)
+		}
+		r.progress("put batch %d/%d", b+1, r.cfg.Batches)
+		if err := rotate(ctx, put.cs, b); err != nil {
 			return err
 		}
+		if !r.target.PerBatch {
+			continue
+		}
+		r.progress("get batch %d/%d", b+1, r.cfg.Batches)
+		if err := rotate(ctx, get.cs, b); err != nil {
+			return err
+		}
+		// The last batch stays for the exists calls.
+		if r.target.Forget != nil && b < r.cfg.Batches-1 {
+			if err := r.target.Forget(ctx, e.names(b)); err != nil {
+				return fmt.Errorf("remove batch %d from the %s backend: %w", b+1, r.rep.Backend, err)
+			}
+		}
 	}
-	if peerBad > 0 {
-		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("the peers read back %d pages with wrong bytes: the disk or the peer is broken, the ratios mean nothing", peerBad))
+	put.report()
+	if !r.target.PerBatch {
+		if r.target.DropCache != nil {
+			if err := r.target.DropCache(ctx); err != nil {
+				return fmt.Errorf("evict the %s backend's pages from the page cache: %w", r.rep.Backend, err)
+			}
+		}
+		for b := range r.cfg.Batches {
+			r.progress("get batch %d/%d", b+1, r.cfg.Batches)
+			if err := rotate(ctx, get.cs, b); err != nil {
+				return err
+			}
+		}
 	}
-	if redisBad > 0 {
-		r.rep.Notes = append(r.rep.Notes, fmt.Sprintf("redis read back %d pages with wrong bytes: its figures mean nothing", redisBad))
-	}
-	r.rep.GetGBps, r.rep.GetBatchGBps = r.gbps(backend.times)
-	r.rep.PeerGetGBps, _ = r.gbps(peer.times)
-	if stream != nil {
-		r.rep.StreamGetGBps, _ = r.gbps(stream.times)
-	}
-	if redis != nil {
-		r.rep.RedisGetGBps, r.rep.RedisGetBatchGBps = r.gbps(redis.times)
-	}
+	get.report()
 	return nil
 }
 
@@ -633,7 +666,11 @@ func (r *run) existsPhase(ctx context.Context) error {
 	times := make([]time.Duration, 0, n)
 	short := 0
 	for c := range n {
-		keys := e.keys[c%r.cfg.Batches]
+		b := c % r.cfg.Batches
+		if r.target.PerBatch {
+			b = r.cfg.Batches - 1 // the others were forgotten
+		}
+		keys := e.keys[b]
 		start := time.Now()
 		got, err := e.backend.Exists(ctx, pagekey.TargetPool, keys)
 		times = append(times, time.Since(start))

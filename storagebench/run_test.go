@@ -221,7 +221,7 @@ func TestConfigValidate(t *testing.T) {
 		edit func(*Config)
 		msg  string
 	}{
-		{func(c *Config) { c.Backend = "redis" }, `backend "redis"`},
+		{func(c *Config) { c.Backend = "memcached" }, `backend "memcached"`},
 		{func(c *Config) { c.Shape = "gpt-5" }, `page shape "gpt-5"`},
 		{func(c *Config) { c.PagesPerBatch = 0 }, "0 pages per batch"},
 		{func(c *Config) { c.PagesPerBatch = storage.MaxBatch + 1 }, "129 pages per batch"},

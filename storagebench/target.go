@@ -2,6 +2,7 @@ package storagebench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -64,6 +65,15 @@ type Target struct {
 	// on first use). The cold batch's figures are reported apart. The
 	// store must hold that batch too.
 	Warm bool
+	// PerBatch makes the run get each batch right after putting it, and then call
+	// Forget, instead of putting every batch before the first get: the store holds
+	// one batch at a time. It is for stores in DRAM (Redis), where a run that grows
+	// the store by all its bytes would measure the server's page faults on fresh
+	// memory, and reads of memory the machine has let go cold, more than the store.
+	PerBatch bool
+	// Forget, when set, removes a batch's objects (named as the backend and a
+	// NamedPeer store them) from the backend and the peers, untimed.
+	Forget func(ctx context.Context, names []string) error
 	// Close, when set, releases what the target started (an embedded service). The
 	// run calls it after closing the backends and peers.
 	Close func() error
@@ -93,6 +103,11 @@ type Scratch struct {
 	Socket string
 	// NoRedis is Config.NoRedis: do not measure a Redis server beside the backend.
 	NoRedis bool
+	// Redis and RedisCluster are Config.Redis and Config.RedisCluster.
+	Redis        []string
+	RedisCluster bool
+	// Keep is Config.Keep: leave what the run stored in place.
+	Keep bool
 	// Available reports the host memory the run may take (Config.Available, or
 	// hostmem.AvailableBytes).
 	Available func() (int64, error)
@@ -110,11 +125,15 @@ const (
 	// BackendNode is storage/nodeclient: the node service (`strata serve`), an
 	// embedded one unless Config.Socket names a running one.
 	BackendNode = "node"
+	// BackendRedis is storage/redisstore: a Redis Cluster or server, one started
+	// for the run unless Config.Redis names one.
+	BackendRedis = "redis"
 )
 
 var builtinTargets = map[string]TargetFunc{
-	BackendFile: FileTarget,
-	BackendNode: NodeTarget,
+	BackendFile:  FileTarget,
+	BackendNode:  NodeTarget,
+	BackendRedis: RedisTarget,
 }
 
 // Backends lists the backends a run can measure by name.
@@ -132,4 +151,20 @@ func targetByName(name string) (TargetFunc, error) {
 		return f, nil
 	}
 	return nil, fmt.Errorf("backend %q: the storage benchmark can measure %s: %w", name, strings.Join(Backends(), ", "), ErrConfig)
+}
+
+// cleanups are the release functions of what a target started, run last first.
+// A target's Close and its constructor's error path share one.
+type cleanups struct{ fns []func() error }
+
+func (c *cleanups) add(f func() error) { c.fns = append(c.fns, f) }
+
+// run runs every function, last added first, and joins their errors.
+func (c *cleanups) run() error {
+	var errs []error
+	for i := len(c.fns) - 1; i >= 0; i-- {
+		errs = append(errs, c.fns[i]())
+	}
+	c.fns = nil
+	return errors.Join(errs...)
 }

@@ -34,10 +34,12 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	decodeMS := fs.Float64("decode-ms", 0, "modelled decode step in milliseconds (0 = the model preset's)")
 	maxRunning := fs.Int("max-running", def.MaxRunning, "most requests the simulated engine runs at once")
 	runs := fs.String("runs", "l1-only,ceiling,strata", "runs to replay, comma-separated")
-	l3 := fs.String("l3", def.L3, "strata's L3 backend: node (the node service), file or none")
+	l3 := fs.String("l3", def.L3, "strata's L3 backend: node (the node service), redis, file or none")
+	redisAddrs := fs.String("redis", "", "Redis Cluster node(s) or server, host:port,...: the L3 with --l3 redis, the node services' remote tier with --l3 node (default where needed: start a local 3-master cluster, if redis-server is installed)")
+	nodes := fs.Int("nodes", 1, "node L3: node services started in this process, writing through to one Redis, engines spread over them (the strata run only)")
 	socket := fs.String("socket", "", "node L3: a running node service's socket (default: start one in this process, spill in a temporary directory)")
 	nodeArena := fs.String("node-arena", "1GiB", "node L3: the embedded node service's DRAM arena")
-	engines := fs.Int("engines", 1, "node L3: engine processes sharing the node service (the strata run only)")
+	engines := fs.Int("engines", 0, "node or redis L3: engine processes sharing L3 (the strata run only; default 1, or one per node service)")
 	l3Dir := fs.String("l3-dir", "", "file L3 directory (default: a temporary directory, removed afterwards)")
 	l3Capacity := fs.String("l3-capacity", "", "file L3 capacity, e.g. 64GiB (default: the backend's)")
 	prefetchPolicy := fs.String("prefetch-policy", def.PrefetchPolicy.String(), "best_effort, wait_complete or timeout")
@@ -83,7 +85,8 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return usagef("--eviction: %w", err)
 	}
 	cfg.Runs = splitList(*runs)
-	cfg.L3, cfg.L3Dir, cfg.NodeSocket, cfg.Engines = *l3, *l3Dir, *socket, *engines
+	cfg.L3, cfg.L3Dir, cfg.NodeSocket, cfg.Engines, cfg.Nodes = *l3, *l3Dir, *socket, *engines, *nodes
+	cfg.Redis = splitList(*redisAddrs)
 	if cfg.NodeArenaBytes, err = parseBytes(*nodeArena); err != nil {
 		return usagef("--node-arena: %w", err)
 	}

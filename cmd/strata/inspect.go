@@ -87,6 +87,10 @@ func writeInspect(w io.Writer, st node.Stats) error {
 	} else {
 		fmt.Fprintln(w, "spill   none (evicted objects are dropped)")
 	}
+	if r := st.Remote; r != nil {
+		fmt.Fprintf(w, "remote  Redis %s: connected %v, %d written (%d failed, %d dropped, %s queued), %d hits, %d misses, %d faults\n",
+			strings.Join(r.Addrs, ","), r.Connected, r.Written, r.WriteFailed, r.Dropped, fb(r.QueuedBytes), r.Hits, r.Misses, r.Faults)
+	}
 	o := st.Ops
 	fmt.Fprintf(w, "ops     %d puts (%d objects, %s, %d already stored), %d gets: hit ratio %.1f%% (arena %d, spill %d, miss %d), %d promotions\n",
 		o.Puts, o.PutObjects, fb(o.PutBytes), o.PutSkipped, o.Gets, 100*o.HitRatio, o.ArenaHits, o.SpillHits, o.Misses, o.Promotions)

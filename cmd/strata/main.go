@@ -12,6 +12,10 @@ import (
 	"os/signal"
 	"sort"
 	"syscall"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/stratakv/strata/storage/redisstore"
 )
 
 // exitUsage is the status for bad flags or bad input, as the issue and POSIX tools use.
@@ -51,6 +55,8 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	// go-redis logs through one process-wide logger; route it into slog.
+	redis.SetLogger(redisstore.ClientLogger{})
 	cmds := commands()
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		usage(stderr, cmds)

@@ -77,6 +77,16 @@ func newServeSettings() *serveSettings {
 	add("low-watermark", "arena fill eviction stops at", frac(&c.LowWatermark))
 	add("spill-dir", "SSD directory for evicted objects (empty: drop them)", str(&c.SpillDir))
 	add("spill-capacity", "spill directory size bound, e.g. 500GiB", size(&c.SpillBytes))
+	add("remote", "Redis Cluster (or server) addresses to write through to, comma-separated (empty: none)", func(v string) error {
+		c.RemoteAddrs = nil
+		for _, a := range strings.Split(v, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				c.RemoteAddrs = append(c.RemoteAddrs, a)
+			}
+		}
+		return nil
+	})
+	add("remote-queue", "bytes waiting to be written through to Redis before writes are dropped, e.g. 1GiB", size(&c.RemoteQueueBytes))
 	add("client-quota", "memory one client may register, e.g. 64GiB", size(&c.ClientQuotaBytes))
 	add("max-clients", "most clients at once", integer(&c.MaxClients))
 	add("copy-workers", "goroutines that copy one batch's objects", integer(&c.CopyWorkers))

@@ -23,6 +23,8 @@ func runTiers(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	backend := fs.String("backend", def.Backend, "L3 backend to measure: "+strings.Join(storagebench.Backends(), ", "))
 	socket := fs.String("socket", "", "node backend: socket of a running node service to measure (default: start one in the process, sized for the run)")
 	noRedis := fs.Bool("no-redis", false, "node backend: do not measure a redis-server on loopback beside it")
+	redisAddrs := fs.String("redis", "", "redis backend: Redis Cluster node(s) or server to measure, host:port,... (default: start a redis-server for the run)")
+	redisCluster := fs.Bool("redis-cluster", false, "redis backend: start a local cluster of 3 masters instead of one redis-server")
 	dir := fs.String("dir", "", "directory on the disk to measure; the run works in a fresh subdirectory (default: the system temp directory)")
 	keep := fs.Bool("keep", false, "keep the scratch subdirectory and the store's objects")
 	batches := fs.Int("batches", def.Batches, "batches to put and read back, each with distinct keys")
@@ -41,6 +43,7 @@ func runTiers(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg.Batches, cfg.PagesPerBatch, cfg.ExistsCalls, cfg.Seed = *batches, *perBatch, *exists, *seed
 	cfg.Shape = *geometry
 	cfg.Socket, cfg.NoRedis = *socket, *noRedis
+	cfg.Redis, cfg.RedisCluster = splitList(*redisAddrs), *redisCluster
 	if cfg.Socket != "" && cfg.Backend != storagebench.BackendNode {
 		return usagef("--socket is for --backend %s", storagebench.BackendNode)
 	}
@@ -86,6 +89,8 @@ func runTiers(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func tiersFlagError(err error) error {
 	msg := err.Error()
 	for _, f := range []struct{ frag, flag string }{
+		{"redis settings", "--redis"},
+		{"local redis cluster", "--redis and --redis-cluster"},
 		{"backend", "--backend"},
 		{"page shape", "--geometry"},
 		{"pages per batch", "--pages-per-batch"},

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/stratakv/strata/internal/redistest"
 )
 
 func TestBenchTiersSmallRunWritesJSON(t *testing.T) {
@@ -72,7 +74,9 @@ func TestBenchTiersBadFlagsExitTwo(t *testing.T) {
 		args []string
 		msg  string
 	}{
-		{[]string{"--backend", "redis"}, "--backend: backend \"redis\": the storage benchmark can measure file"},
+		{[]string{"--backend", "memcached"}, "--backend: backend \"memcached\": the storage benchmark can measure file, node, redis"},
+		{[]string{"--redis", "127.0.0.1:6379"}, "--redis: redis settings are for the redis backend, not file"},
+		{[]string{"--backend", "redis", "--redis", "127.0.0.1:6379", "--redis-cluster"}, "--redis and --redis-cluster"},
 		{[]string{"--batches", "0"}, "--batches"},
 		{[]string{"--pages-per-batch", "200"}, "--pages-per-batch"},
 		{[]string{"--pages-per-batch", "x"}, "pages-per-batch"},
@@ -92,6 +96,23 @@ func TestBenchTiersBadFlagsExitTwo(t *testing.T) {
 	if code, _, errs := runCLI(t, "", "bench", "tiers", "-h"); code != 0 || !strings.Contains(errs, "pages-per-batch") ||
 		!strings.Contains(errs, "no-redis") || !strings.Contains(errs, "socket string") {
 		t.Errorf("bench tiers -h: exit %d, stderr %q", code, errs)
+	}
+}
+
+// TestBenchTiersRedisSmallRun runs the redis backend end to end on the
+// redis-server it starts.
+func TestBenchTiersRedisSmallRun(t *testing.T) {
+	redistest.Require(t)
+	code, out, errs := runCLI(t, "", "bench", "tiers", "--backend", "redis", "--small", "--dir", t.TempDir(), "--batches", "2",
+		"--pages-per-batch", "8", "--exists-calls", "20")
+	if code != 0 {
+		t.Fatalf("bench tiers --backend redis: exit %d, stderr %q", code, errs)
+	}
+	for _, want := range []string{"redis (local redis-server started for the run", "standalone mode", "raw pipelined SET",
+		"exists of 8 keys", "mismatched pages: 0", "removed before the next"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
 	}
 }
 

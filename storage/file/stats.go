@@ -42,36 +42,17 @@ type Stats struct {
 	Faults map[string]int64 `json:"faults"`
 }
 
-// faultKinds lists storage.FaultKind's kinds, in the order of counters.faults.
-var faultKinds = [...]string{"timeout", "unavailable", "corrupt", "no_space", "not_registered", "closed", "batch", "io"}
-
 type counters struct {
 	reads, readBytes, misses                atomic.Int64
 	writes, writeBytes, skipped, conflicts  atomic.Int64
 	corrupt, evictions, rescans, staleTemps atomic.Int64
-	faults                                  [len(faultKinds)]atomic.Int64
+	faults                                  storage.FaultCounts
 }
 
 // fault counts err by its kind; nil and misses are not faults.
-func (c *counters) fault(err error) {
-	kind := storage.FaultKind(err)
-	if kind == "" {
-		return
-	}
-	for i, k := range faultKinds {
-		if k == kind {
-			c.faults[i].Add(1)
-			return
-		}
-	}
-	c.faults[len(faultKinds)-1].Add(1)
-}
+func (c *counters) fault(err error) { c.faults.Add(err) }
 
-func (c *counters) faultAll(errs []error) {
-	for _, err := range errs {
-		c.fault(err)
-	}
-}
+func (c *counters) faultAll(errs []error) { c.faults.AddAll(errs) }
 
 // Stats returns the store's counters. It is safe to call at any time, also after Close.
 func (s *Store) Stats() Stats {
@@ -92,10 +73,7 @@ func (s *Store) Stats() Stats {
 		Rescans:           s.stats.rescans.Load(),
 		StaleTempsRemoved: s.stats.staleTemps.Load(),
 		DirectIO:          s.direct.Load(),
-		Faults:            make(map[string]int64, len(faultKinds)),
-	}
-	for i, k := range faultKinds {
-		st.Faults[k] = s.stats.faults[i].Load()
+		Faults:            s.stats.faults.All(),
 	}
 	return st
 }

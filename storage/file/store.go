@@ -219,17 +219,10 @@ func (s *Store) Exists(ctx context.Context, poolName string, keys []pagekey.Key)
 		return 0, err
 	}
 	defer done()
-	if len(keys) > storage.MaxBatch {
-		err := fmt.Errorf("file store: exists in pool %q: %d keys, at most %d: %w", poolName, len(keys), storage.MaxBatch, storage.ErrBatch)
+	if err := storage.CheckKeys(keys); err != nil {
+		err = fmt.Errorf("file store: exists in pool %q: %w", poolName, err)
 		s.stats.fault(err)
 		return 0, err
-	}
-	for i, k := range keys {
-		if k.IsZero() {
-			err := fmt.Errorf("file store: exists in pool %q: key %d is empty: %w", poolName, i, storage.ErrBatch)
-			s.stats.fault(err)
-			return 0, err
-		}
 	}
 	n := len(keys)
 	var firstMiss atomic.Int64

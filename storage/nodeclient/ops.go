@@ -102,15 +102,12 @@ func (b *Backend) Exists(ctx context.Context, poolName string, keys []pagekey.Ke
 	if err != nil {
 		return 0, err
 	}
-	if len(keys) > storage.MaxBatch {
-		return 0, fmt.Errorf("node client: exists of %d keys, at most %d: %w", len(keys), storage.MaxBatch, storage.ErrBatch)
+	if err := storage.CheckKeys(keys); err != nil {
+		return 0, fmt.Errorf("node client: exists: %w", err)
 	}
 	parts := p.names.Parts()
 	names := make([]string, 0, len(keys)*parts)
-	for i, k := range keys {
-		if k.IsZero() {
-			return 0, fmt.Errorf("node client: exists: key %d is empty: %w", i, storage.ErrBatch)
-		}
+	for _, k := range keys {
 		names = append(names, storage.ObjectNames(p.spec, k)...)
 	}
 	if len(names) == 0 {

@@ -1,0 +1,275 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/stratakv/strata/node/arena"
+	"github.com/stratakv/strata/node/wire"
+	"github.com/stratakv/strata/storage"
+	"github.com/stratakv/strata/storage/redisstore"
+)
+
+// remoteTier is the service's write-through to a Redis Cluster shared by every
+// node: puts reach it asynchronously (bounded), and a get that misses the arena
+// and the spill looks there and promotes what it finds into the arena. Objects
+// keep their names, so two node services on one Redis Cluster find each other's
+// pages.
+type remoteTier struct {
+	s     *Server
+	store atomic.Pointer[redisstore.Store] // nil until connected
+
+	mu          sync.Mutex
+	cond        *sync.Cond
+	queue       []remoteJob
+	queuedBytes int64
+	closed      bool
+	wg          sync.WaitGroup
+	ctx         context.Context
+	cancel      context.CancelFunc
+
+	written, writeFailed, dropped, hits, misses, faults atomic.Int64
+}
+
+type remoteJob struct {
+	key    string
+	format uint64
+	size   int64
+}
+
+// remoteBatch is the most objects one write-through pipeline carries.
+const remoteBatch = 64
+
+func newRemoteTier(s *Server) *remoteTier {
+	r := &remoteTier{s: s}
+	r.cond = sync.NewCond(&r.mu)
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.wg.Add(3)
+	go r.connect()
+	go r.writer()
+	go r.writer()
+	return r
+}
+
+// connect opens the Redis store, retrying while it is unreachable: the service
+// serves its own tiers meanwhile.
+func (r *remoteTier) connect() {
+	defer r.wg.Done()
+	backoff := 100 * time.Millisecond
+	for {
+		cfg := redisstore.DefaultConfig(r.s.cfg.RemoteAddrs...)
+		cfg.Logger = r.s.log
+		ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
+		st, err := redisstore.New(ctx, cfg)
+		cancel()
+		if err == nil {
+			r.store.Store(st)
+			r.s.log.Info("node service: writing through to Redis", "addrs", r.s.cfg.RemoteAddrs)
+			return
+		}
+		r.s.log.Warn("node service: Redis unreachable; serving without it and retrying", "addrs", r.s.cfg.RemoteAddrs, "err", err)
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+func (r *remoteTier) close() {
+	r.cancel()
+	r.mu.Lock()
+	r.closed = true
+	r.cond.Broadcast()
+	r.mu.Unlock()
+	r.wg.Wait()
+	if st := r.store.Load(); st != nil {
+		_ = st.Close()
+	}
+}
+
+// enqueue queues an object just committed to the arena for write-through; beyond
+// the queue bound it is dropped (counted): Redis is a shared cache, not a log.
+func (r *remoteTier) enqueue(key string, format uint64, size int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.queuedBytes+size > r.s.cfg.RemoteQueueBytes {
+		r.dropped.Add(1)
+		return
+	}
+	r.queue = append(r.queue, remoteJob{key, format, size})
+	r.queuedBytes += size
+	r.cond.Signal()
+}
+
+func (r *remoteTier) writer() {
+	defer r.wg.Done()
+	for {
+		r.mu.Lock()
+		for len(r.queue) == 0 && !r.closed {
+			r.cond.Wait()
+		}
+		if r.closed {
+			r.mu.Unlock()
+			return
+		}
+		n := min(len(r.queue), remoteBatch)
+		jobs := append([]remoteJob(nil), r.queue[:n]...)
+		r.queue = r.queue[n:]
+		for _, j := range jobs {
+			r.queuedBytes -= j.size
+		}
+		r.mu.Unlock()
+		r.write(jobs)
+	}
+}
+
+// write sends jobs to Redis from the arena, leasing each object for the copy.
+func (r *remoteTier) write(jobs []remoteJob) {
+	st := r.store.Load()
+	if st == nil {
+		r.dropped.Add(int64(len(jobs)))
+		return
+	}
+	var objs []redisstore.Object
+	var leases []*arena.Lease
+	for _, j := range jobs {
+		l, err := r.s.arena.Acquire(j.key, j.format)
+		if err != nil {
+			r.dropped.Add(1) // evicted before it could be written: the spill has it
+			continue
+		}
+		leases = append(leases, l)
+		objs = append(objs, redisstore.Object{Name: j.key, Format: storage.Format(j.format), Runs: [][]byte{l.Bytes()}})
+	}
+	if len(objs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, r.s.cfg.RequestTimeout)
+	errs := st.PutObjects(ctx, objs)
+	cancel()
+	for _, l := range leases {
+		l.Release()
+	}
+	for _, err := range errs {
+		if err != nil {
+			r.writeFailed.Add(1)
+			if storage.FaultKind(err) != "" {
+				r.faults.Add(1)
+			}
+			continue
+		}
+		r.written.Add(1)
+	}
+}
+
+// exists returns how many of keys, from the start, Redis has.
+func (r *remoteTier) exists(ctx context.Context, keys []string, format uint64) int {
+	st := r.store.Load()
+	if st == nil || len(keys) == 0 {
+		return 0
+	}
+	n, err := st.ExistsObjects(ctx, keys, storage.Format(format))
+	if err != nil {
+		r.faults.Add(1)
+		return 0
+	}
+	return n
+}
+
+// fetch fills the missed items of a get from Redis: each into a fresh arena
+// extent (promoted) when there is room, else straight into the client's ranges.
+// results[i] is updated for every item it finds.
+func (c *session) fetchRemote(ctx context.Context, items []wire.Item, missed []int, results []wire.Result) {
+	r := c.srv.remote
+	st := r.store.Load()
+	if st == nil || len(missed) == 0 {
+		return
+	}
+	type pending struct {
+		i   int
+		res resolved
+		p   *arena.Pending
+	}
+	var objs []redisstore.Object
+	var ps []pending
+	for _, i := range missed {
+		it := items[i]
+		res, err := c.resolve(it)
+		if err != nil {
+			continue
+		}
+		p, err := c.srv.arena.Reserve(it.Key, it.Format, res.size)
+		runs := res.runs
+		switch {
+		case err == nil:
+			runs = [][]byte{p.Bytes()}
+		case errors.Is(err, arena.ErrExists):
+			// Promoted by another request meanwhile: read it from the arena.
+			res.done()
+			results[i] = c.getItem(ctx, it)
+			continue
+		default:
+			p = nil // no room: straight into the client's memory, not promoted
+		}
+		ps = append(ps, pending{i, res, p})
+		objs = append(objs, redisstore.Object{Name: it.Key, Format: storage.Format(it.Format), Runs: runs})
+	}
+	if len(objs) == 0 {
+		return
+	}
+	errs := st.GetObjects(ctx, objs)
+	for k, pd := range ps {
+		err := errs[k]
+		switch {
+		case err == nil:
+			if pd.p != nil {
+				copyToRuns(pd.res.runs, pd.p.Bytes())
+				if pd.p.Commit() == nil {
+					c.srv.st.promotions.Add(1)
+				}
+			}
+			results[pd.i] = wire.Result{}
+			r.hits.Add(1)
+			c.objects.Add(1)
+			c.bytesOut.Add(pd.res.size)
+			c.srv.st.getBytes.Add(pd.res.size)
+			c.srv.st.misses.Add(-1) // counted as a miss by the local pass
+		default:
+			if pd.p != nil {
+				pd.p.Abort()
+			}
+			r.misses.Add(1)
+			if storage.FaultKind(err) != "" {
+				r.faults.Add(1)
+			}
+		}
+		pd.res.done()
+	}
+}
+
+// RemoteStats is the write-through tier's activity.
+type RemoteStats struct {
+	Addrs       []string `json:"addrs"`
+	Connected   bool     `json:"connected"`
+	QueuedBytes int64    `json:"queuedBytes"`
+	Written     int64    `json:"written"`
+	WriteFailed int64    `json:"writeFailed"`
+	Dropped     int64    `json:"dropped"`
+	Hits        int64    `json:"hits"`
+	Misses      int64    `json:"misses"`
+	Faults      int64    `json:"faults"`
+}
+
+func (r *remoteTier) stats() *RemoteStats {
+	r.mu.Lock()
+	q := r.queuedBytes
+	r.mu.Unlock()
+	return &RemoteStats{Addrs: r.s.cfg.RemoteAddrs, Connected: r.store.Load() != nil, QueuedBytes: q,
+		Written: r.written.Load(), WriteFailed: r.writeFailed.Load(), Dropped: r.dropped.Load(),
+		Hits: r.hits.Load(), Misses: r.misses.Load(), Faults: r.faults.Load()}
+}

@@ -1,0 +1,76 @@
+package node
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stratakv/strata/internal/redistest"
+	"github.com/stratakv/strata/node/wire"
+)
+
+// Two node services on one Redis stand for two nodes: a page put through one is a
+// hit through the other.
+func TestTwoNodesShareOneRedis(t *testing.T) {
+	redis := redistest.Start(t)
+	remote := func(c *Config) { c.RemoteAddrs = []string{redis.Addr()} }
+	a, b := start(t, remote), start(t, remote)
+	ca, cb := dial(t, a), dial(t, b)
+	ra, sa := ca.segment(1 << 20)
+	rb, sb := cb.segment(1 << 20)
+	for i := range ra.Bytes()[:8192] {
+		ra.Bytes()[i] = byte(i*7 + 1)
+	}
+	if res := ca.batch(wire.TypePut, item("p:0", sa, 0, 4096), item("p:1", sa, 4096, 4096)); res[0].Status != wire.OK || res[1].Status != wire.OK {
+		t.Fatalf("put through node A: %+v", res)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Stats().Remote.Written < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("node A did not write through: %+v", a.Stats().Remote)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	m, err := cb.call(wire.TypeExists, wire.Exists{Keys: []string{"p:0", "p:1", "p:2"}, Format: 7})
+	if err != nil || m.(*wire.ExistsReply).Present != 2 {
+		t.Fatalf("exists through node B: %+v %v", m, err)
+	}
+	res := cb.batch(wire.TypeGet, item("p:1", sb, 0, 4096), item("p:0", sb, 4096, 4096), item("p:9", sb, 8192, 4096))
+	if res[0].Status != wire.OK || res[1].Status != wire.OK || res[2].Status != wire.NotFound {
+		t.Fatalf("get through node B: %+v", res)
+	}
+	for i := 0; i < 4096; i++ {
+		if rb.Bytes()[i] != byte((4096+i)*7+1) || rb.Bytes()[4096+i] != byte(i*7+1) {
+			t.Fatalf("node B served wrong bytes at %d", i)
+		}
+	}
+	st := b.Stats()
+	if st.Remote.Hits != 2 || st.Ops.Promotions != 2 || st.Arena.Objects != 2 {
+		t.Fatalf("node B: remote %+v, promotions %d, arena objects %d", st.Remote, st.Ops.Promotions, st.Arena.Objects)
+	}
+	// Promoted: the next get is an arena hit.
+	cb.batch(wire.TypeGet, item("p:1", sb, 0, 4096))
+	if st := b.Stats(); st.Ops.ArenaHits != 1 {
+		t.Fatalf("promoted object not served from the arena: %+v", st.Ops)
+	}
+}
+
+// A Redis that is down at start: the service serves its own tiers and counts the
+// remote as unconnected; gets that miss locally are misses, not errors.
+func TestRemoteDownServesLocally(t *testing.T) {
+	redis := redistest.Start(t)
+	addr := redis.Addr()
+	redis.Kill()
+	s := start(t, func(c *Config) { c.RemoteAddrs = []string{addr} })
+	c := dial(t, s)
+	_, seg := c.segment(1 << 20)
+	if res := c.batch(wire.TypePut, item("x", seg, 0, 4096)); res[0].Status != wire.OK {
+		t.Fatalf("put with Redis down: %+v", res)
+	}
+	res := c.batch(wire.TypeGet, item("x", seg, 8192, 4096), item("y", seg, 0, 16))
+	if res[0].Status != wire.OK || res[1].Status != wire.NotFound {
+		t.Fatalf("get with Redis down: %+v", res)
+	}
+	if st := s.Stats(); st.Remote == nil || st.Remote.Connected {
+		t.Fatalf("remote stats %+v", st.Remote)
+	}
+}

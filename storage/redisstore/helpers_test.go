@@ -1,0 +1,85 @@
+package redisstore
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stratakv/strata/internal/redistest"
+)
+
+var bg = context.Background()
+
+// testConfig is DefaultConfig for addrs with a short backoff and a logger that
+// writes to the test's log.
+func testConfig(t testing.TB, addrs ...string) Config {
+	cfg := DefaultConfig(addrs...)
+	cfg.Backoff = 100 * time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	return cfg
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(string(bytes.TrimRight(b, "\n")))
+	return len(b), nil
+}
+
+// newStore opens a store and closes it when t ends.
+func newStore(t testing.TB, cfg Config) *Store {
+	t.Helper()
+	s, err := New(bg, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// randBytes returns n bytes drawn from seed.
+func randBytes(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, 7))
+	b := make([]byte, n)
+	for i := 0; i+8 <= n; i += 8 {
+		v := r.Uint64()
+		for j := 0; j < 8; j++ {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	for i := n - n%8; i < n; i++ {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// split cuts b into runs at the given offsets.
+func split(b []byte, at ...int) [][]byte {
+	var out [][]byte
+	prev := 0
+	for _, a := range at {
+		out = append(out, b[prev:a])
+		prev = a
+	}
+	return append(out, b[prev:])
+}
+
+// do runs a command on srv and fails t on error.
+func do(t testing.TB, srv *redistest.Server, args ...string) string {
+	t.Helper()
+	v, err := srv.Do(args...)
+	if err != nil {
+		t.Fatalf("%v: %v", args, err)
+	}
+	return v
+}
+
+// keyCount is the number of keys on srv.
+func keyCount(t testing.TB, srv *redistest.Server) string {
+	t.Helper()
+	return do(t, srv, "DBSIZE")
+}
