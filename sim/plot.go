@@ -12,6 +12,8 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/stratakv/strata/internal/atomicfile"
 )
 
 // ErrNoRuns reports a Report with no runs, which has nothing to plot.
@@ -42,7 +44,7 @@ func (r *Report) WritePlot(path string) error {
 	if err != nil {
 		return fmt.Errorf("plot %s of %s report: %w", path, r.Workload, err)
 	}
-	return writeFileAtomic(path, png)
+	return atomicfile.Write(path, png)
 }
 
 // renderPlot draws the figure and encodes it as PNG.

@@ -8,14 +8,14 @@ import (
 	"io"
 	"maps"
 	"math"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
+
+	"github.com/stratakv/strata/internal/atomicfile"
 )
 
 // errNilReport reports a method called on a nil *Report; the caller dropped a result.
@@ -260,45 +260,7 @@ func (r *Report) WriteJSON(path string) error {
 		return fmt.Errorf("write report %s: encode: %w", path, err)
 	}
 	data = append(data, '\n')
-	return writeFileAtomic(path, data)
-}
-
-// writeFileAtomic replaces path with data through a temporary file and a rename.
-func writeFileAtomic(path string, data []byte) (err error) {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	// The temporary name starts with a dot so globs over the directory skip it.
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			_ = f.Close()
-			_ = os.Remove(tmp)
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	// CreateTemp makes the file private; a report is meant to be read by others.
-	if err := f.Chmod(0o644); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	// Sync before the rename, or a crash can leave the new name over empty contents.
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("write %s: sync: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
+	return atomicfile.Write(path, data)
 }
 
 // formatPercent renders a ratio as a percentage with one decimal.

@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strconv"
 	"text/tabwriter"
+
+	"github.com/stratakv/strata/internal/atomicfile"
 )
 
 // Report is the result of one run. Bandwidths are in GB/s (10^9 bytes a second) of
@@ -221,35 +221,8 @@ func (r *Report) WriteJSON(path string) (err error) {
 		return fmt.Errorf("write report %s: encode: %w", path, err)
 	}
 	data = append(data, '\n')
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write report %s: %w", path, err)
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			_ = f.Close()
-			_ = os.Remove(tmp)
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		return fmt.Errorf("write report %s: %w", path, err)
-	}
-	if err := f.Chmod(0o644); err != nil {
-		return fmt.Errorf("write report %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("write report %s: sync: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write report %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write report %s: %w", path, err)
+	if err := atomicfile.Write(path, data); err != nil {
+		return fmt.Errorf("report: %w", err)
 	}
 	return nil
 }
