@@ -252,17 +252,25 @@ func (c *session) fetchRemote(ctx context.Context, items []wire.Item, missed []i
 	}
 }
 
-// RemoteStats is the write-through tier's activity.
+// RemoteStats is the write-through tier's activity, in objects.
 type RemoteStats struct {
-	Addrs       []string `json:"addrs"`
-	Connected   bool     `json:"connected"`
-	QueuedBytes int64    `json:"queuedBytes"`
-	Written     int64    `json:"written"`
-	WriteFailed int64    `json:"writeFailed"`
-	Dropped     int64    `json:"dropped"`
-	Hits        int64    `json:"hits"`
-	Misses      int64    `json:"misses"`
-	Faults      int64    `json:"faults"`
+	// Addrs are the configured Redis seed addresses.
+	Addrs []string `json:"addrs"`
+	// Connected is false until the service has reached Redis once.
+	Connected bool `json:"connected"`
+	// QueuedBytes are waiting to be written through.
+	QueuedBytes int64 `json:"queuedBytes"`
+	// Written reached Redis; WriteFailed were refused or hit a fault; Dropped were
+	// never sent (queue full, Redis not connected, or evicted from the arena first).
+	Written     int64 `json:"written"`
+	WriteFailed int64 `json:"writeFailed"`
+	Dropped     int64 `json:"dropped"`
+	// Hits are local misses Redis served (promoted into the arena when it had
+	// room); Misses are local misses Redis did not have either.
+	Hits   int64 `json:"hits"`
+	Misses int64 `json:"misses"`
+	// Faults counts Redis errors other than a miss.
+	Faults int64 `json:"faults"`
 }
 
 func (r *remoteTier) stats() *RemoteStats {

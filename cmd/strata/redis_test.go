@@ -213,3 +213,33 @@ func TestBenchRedisBadFlagsExitTwo(t *testing.T) {
 		t.Fatalf("no Redis: exit %d, stderr %q", code, errs)
 	}
 }
+
+// `strata serve --remote` writes through to Redis, and `strata inspect` shows the
+// remote tier; a remote queue of 0 is refused as a usage error.
+func TestServeRemoteAndInspect(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := shortDir(t)
+	socket := filepath.Join(dir, "s")
+	strataProcess(t, "serve", "--socket", socket, "--arena", "64MiB", "--admin", "", "--remote", srv.Addr(),
+		"--remote-queue", "16MiB", "--log-level", "error")
+	waitStats(t, socket, "listening", func(statsView) bool { return true })
+	want := "remote  Redis " + srv.Addr() + ": connected true"
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, out, errs := runCLI(t, "", "inspect", "--socket", socket)
+		if code != 0 {
+			t.Fatalf("inspect: exit %d: %s", code, errs)
+		}
+		if strings.Contains(out, want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("inspect never showed %q:\n%s", want, out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	code, _, errs := runCLI(t, "", "serve", "--socket", filepath.Join(dir, "t"), "--remote", srv.Addr(), "--remote-queue", "0")
+	if code != 2 || !strings.Contains(errs, "remote queue") {
+		t.Fatalf("--remote-queue 0: exit %d, stderr %q", code, errs)
+	}
+}
