@@ -175,3 +175,31 @@ func ObjectNames(spec PoolSpec, key pagekey.Key) []string {
 	names.MLA = spec.Layout.Geometry.MLA
 	return names.Objects(key, spec.Name)
 }
+
+// Reconnector is implemented by a Backend that loses and regains its service by
+// itself (the node service client reconnects and registers every pool again).
+// Callers that stop using a backend after a fault (hicache's backoff) compare
+// Epoch with the value they saw at the fault: a different value means the
+// backend has connected again since, with its pools registered, so it is worth
+// using at once instead of at the end of the backoff.
+type Reconnector interface {
+	// Epoch counts the backend's completed (re)connections, each with every pool
+	// registered again. It never decreases.
+	Epoch() uint64
+}
+
+// EpochOf returns b's Epoch, looking through decorators (Unwrap), or 0 when no
+// backend in the chain reconnects by itself.
+func EpochOf(b Backend) uint64 {
+	for b != nil {
+		if r, ok := b.(Reconnector); ok {
+			return r.Epoch()
+		}
+		u, ok := b.(interface{ Unwrap() Backend })
+		if !ok {
+			return 0
+		}
+		b = u.Unwrap()
+	}
+	return 0
+}
