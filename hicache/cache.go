@@ -9,8 +9,11 @@
 // Concurrency: a Cache is safe for concurrent use; its methods serialise on one
 // mutex. Copies run on the copy engine's goroutines and never touch the tree: a
 // finished copy is accounted for by the next call into the cache (or by Sync), so
-// the tree only changes inside calls. A Request's Wait and WaitLayer block on
-// copies without holding the cache.
+// the tree only changes inside calls. No call waits for a copy while it holds the
+// cache: when L1 is short of pages that copies in flight hold (backups, write-back
+// evictions), Match and AllocDevice wait for those copies with the cache released
+// and try again. A Request's Wait and WaitLayer block on copies without holding
+// the cache.
 //
 // Lifecycle of a request: Match (locks the prefix, starts loading its L2 part),
 // AllocDevice for the pages to compute, Insert after prefill (the new pages
@@ -37,6 +40,7 @@ type Cache struct {
 	closed bool
 	impl   engine
 	cfg    Config
+	log    *slog.Logger
 }
 
 // Options are the cache's collaborators.
@@ -48,6 +52,22 @@ type Options struct {
 	// Logger receives warnings (a pool without L3, a slow backend); nil means
 	// slog.Default().
 	Logger *slog.Logger
+	// Faults injects deliberate bugs, for tests only; nil in production.
+	Faults *Faults
+}
+
+// Faults are deliberate bugs, for tests that prove a checker catches them (the
+// bench's byte-for-byte verification of served pages, for one). Never set them
+// in production.
+type Faults struct {
+	// OverlongMatch makes a match that ends inside a cached span (the request
+	// diverges from a radix node in the middle of its pages) take one more page
+	// of that span than it should: the classic off-by-one at a split point. The
+	// request is served, as a hit, a copy of the first page of the other
+	// continuation, loaded from its L2 copy (when it has one and L1 has room)
+	// into a page the request owns, so the cache's own accounting stays sound and
+	// only the served bytes are wrong.
+	OverlongMatch bool
 }
 
 // MatchOptions qualify a Match.
@@ -61,20 +81,41 @@ type MatchOptions struct {
 }
 
 // engine is the cache's logic for one key type (tokens or bigrams); methods run
-// under Cache.mu.
+// under Cache.mu, except close. Methods that may need L1 pages that copies in
+// flight hold return those copies (wait) instead of waiting: the caller waits
+// without the cache and calls again.
 type engine interface {
-	match(tokens []uint32, opts MatchOptions) (*Request, error)
+	match(tokens []uint32, opts MatchOptions) (r *Request, wait []*pool.Transfer, err error)
+	complete(r *Request, opts MatchOptions, mayWait bool) (wait []*pool.Transfer, err error)
 	prefetch(tokens []uint32, ns pagekey.Namespace, cache *Cache) *Prefetch
 	insert(r *Request, tokens []uint32, pages []pool.PageID) ([]pool.PageID, error)
 	unlock(r *Request) error
 	releaseOwned(r *Request) error
 	l3Idle() bool
-	allocDevice(n int) ([]pool.PageID, error)
+	allocDeviceOrWait(n int, mayWait bool) (pages []pool.PageID, wait []*pool.Transfer, err error)
 	freeDevice(pages []pool.PageID) error
+	countWait()
 	reap()
 	inflight() []*pool.Transfer
 	stats() Stats
-	close() error
+	close(deadline time.Time) error
+}
+
+// maxCopyWaits bounds how many times one call waits for copies to free L1 pages
+// before it takes what is free (a busy engine may keep starting backups that
+// take the pages freed meanwhile).
+const maxCopyWaits = 16
+
+// waitCopies waits until every transfer of wait is done (successful or not).
+func waitCopies(ctx context.Context, wait []*pool.Transfer) error {
+	for _, t := range wait {
+		select {
+		case <-t.Done():
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // New builds a cache over device (L1), host (L2) and opts.Storage (L3). host may be
@@ -115,7 +156,10 @@ func New(cfg Config, device pool.DeviceGroup, host *pool.Group, opts Options) (*
 	if host != nil {
 		maxPages += host.Pages()
 	}
-	c := &Cache{cfg: cfg}
+	c := &Cache{cfg: cfg, log: opts.Logger}
+	if c.log == nil {
+		c.log = slog.Default()
+	}
 	var err error
 	if cfg.Bigram {
 		c.impl, err = newCore(cfg, device, host, maxPages, bigramKey, opts, &c.mu)
@@ -158,7 +202,9 @@ func (c *Cache) Prefetch(tokens []uint32, ns pagekey.Namespace) *Prefetch {
 // request, and starts loading the part found only in L2 (when it is at least
 // LoadBackMinTokens long and L1 has room). With opts.Prefetch, it first waits for
 // the prefetch as the policy allows (without holding the cache), so the pages it
-// brought are hits too. Fewer tokens than a page match nothing.
+// brought are hits too. When L1 has room for the L2 part only once L1→L2 copies
+// in flight are done, it waits for them, also without holding the cache; ctx
+// bounds that wait. Fewer tokens than a page match nothing.
 func (c *Cache) Match(ctx context.Context, tokens []uint32, opts MatchOptions) (*Request, error) {
 	if p := opts.Prefetch; p != nil {
 		if p.cache != c {
@@ -172,26 +218,61 @@ func (c *Cache) Match(ctx context.Context, tokens []uint32, opts MatchOptions) (
 	if err := c.lock(); err != nil {
 		return nil, err
 	}
-	defer c.mu.Unlock()
 	if p := opts.Prefetch; p != nil && p.settled {
 		opts.Prefetch = nil // given up while waiting
 	}
-	r, err := c.impl.match(tokens, opts)
-	if r != nil {
-		r.cache = c
+	r, wait, err := c.impl.match(tokens, opts)
+	for round := 1; err == nil && len(wait) > 0; round++ {
+		// L1 lacks room that copies in flight hold: wait for them without the
+		// cache (other requests go on meanwhile; the prefix stays locked).
+		c.impl.countWait()
+		c.mu.Unlock()
+		werr := waitCopies(ctx, wait)
+		if err := c.lock(); err != nil {
+			return nil, err // closed meanwhile: the tree and the request's hold are gone
+		}
+		if werr != nil {
+			err = werr
+			break
+		}
+		wait, err = c.impl.complete(r, opts, round < maxCopyWaits)
 	}
-	return r, err
+	defer c.mu.Unlock()
+	if err != nil {
+		if r != nil {
+			// A bug, or the context ended while waiting: give back what the
+			// request holds (loads in flight keep their own holds).
+			err = errors.Join(err, c.impl.releaseOwned(r), c.impl.unlock(r))
+			if p := opts.Prefetch; p != nil {
+				p.giveUp(outcomeCanceled)
+			}
+		}
+		return nil, err
+	}
+	r.cache = c
+	return r, nil
 }
 
 // AllocDevice takes n L1 pages for the engine to compute into, evicting unlocked
-// pages (to L2 or out) when too few are free. ErrDeviceFull means the running
-// requests hold the whole pool.
+// pages (to L2 or out) when too few are free. When the pages L1 lacks are held by
+// L1→L2 copies in flight, it waits for them (without holding the cache) and tries
+// again. ErrDeviceFull means the running requests hold the whole pool.
 func (c *Cache) AllocDevice(n int) ([]pool.PageID, error) {
-	if err := c.lock(); err != nil {
-		return nil, err
+	for round := 1; ; round++ {
+		if err := c.lock(); err != nil {
+			return nil, err
+		}
+		pages, wait, err := c.impl.allocDeviceOrWait(n, round < maxCopyWaits)
+		if len(wait) == 0 {
+			c.mu.Unlock()
+			return pages, err
+		}
+		c.impl.countWait()
+		c.mu.Unlock()
+		if err := waitCopies(context.Background(), wait); err != nil {
+			return nil, err
+		}
 	}
-	defer c.mu.Unlock()
-	return c.impl.allocDevice(n)
 }
 
 // FreeDevice returns L1 pages the engine allocated and will not insert.
@@ -312,12 +393,19 @@ func (c *Cache) Stats() Stats {
 	return c.impl.stats()
 }
 
-// Close waits for copies in flight, stops the L3 workers and the copy engine and
-// releases the tree. The pools and the backend stay open; requests still held are
-// abandoned.
+// Close waits for copies and L3 calls in flight, stops the L3 workers and the copy
+// engine and releases the tree. It returns within Config.CloseTimeout even when
+// the backend ignores canceled contexts: what has not finished by then is
+// abandoned (logged), and the workers left in the backend never touch the tree
+// again. The pools and the backend stay open; requests still held are abandoned.
 func (c *Cache) Close() error {
-	if err := c.Sync(context.Background()); err != nil && !errors.Is(err, ErrClosed) {
-		return err
+	guard := c.cfg.closeTimeout()
+	deadline := time.Now().Add(guard)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	err := c.Sync(ctx)
+	if errors.Is(err, ErrClosed) {
+		return nil
 	}
 	c.mu.Lock()
 	if c.closed {
@@ -326,9 +414,13 @@ func (c *Cache) Close() error {
 	}
 	c.closed = true
 	c.mu.Unlock()
+	if err != nil {
+		c.log.Warn("closing the cache with copies or L3 calls still running; they are abandoned",
+			"waited", guard, "err", err)
+	}
 	// Without the lock: L3 workers take it to reserve host pages, and close waits
 	// for them.
-	return c.impl.close()
+	return c.impl.close(deadline)
 }
 
 // tokenKey uses the tokens themselves as the tree key.
@@ -345,5 +437,3 @@ func bigramKey(tokens []uint32) []uint64 {
 	}
 	return out
 }
-
-func contextBackground() context.Context { return context.Background() }

@@ -3,6 +3,7 @@ package hicache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
@@ -26,10 +27,88 @@ var (
 )
 
 // env is a cache over small stand-in pools with a KV function to fill and verify.
+// Its device pools copy through gate, which a test closes to hold copies in flight.
 type env struct {
 	cache *Cache
 	dev   pool.DeviceGroup
+	mems  []*pool.MemDevicePool // the device pools' memory, in group order
 	host  *pool.Group
+	gate  *gate
+}
+
+// gate holds the copies of one direction in flight until the test opens it again.
+type gate struct {
+	mu        sync.Mutex
+	loads     chan struct{} // nil while loads pass
+	backups   chan struct{}
+	failLoads bool // loads fail once through the gate
+}
+
+// errInjected is the failure of a copy the test made fail.
+var errInjected = errors.New("injected copy failure")
+
+// hold makes the copies of dir that start from now on wait for open.
+func (g *gate) hold(dir pool.Direction) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if dir == pool.Load {
+		g.loads = make(chan struct{})
+	} else {
+		g.backups = make(chan struct{})
+	}
+}
+
+// open lets the held copies of dir run, and the later ones pass.
+func (g *gate) open(dir pool.Direction) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ch := &g.backups
+	if dir == pool.Load {
+		ch = &g.loads
+	}
+	if *ch != nil {
+		close(*ch)
+		*ch = nil
+	}
+}
+
+// wait holds a copy of dir while the gate is closed, then says whether it fails.
+func (g *gate) wait(dir pool.Direction) error {
+	g.mu.Lock()
+	ch := g.backups
+	if dir == pool.Load {
+		ch = g.loads
+	}
+	g.mu.Unlock()
+	if ch != nil {
+		<-ch
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if dir == pool.Load && g.failLoads {
+		return errInjected
+	}
+	return nil
+}
+
+// gatedPool is a stand-in device pool whose copies pass its gate first.
+type gatedPool struct {
+	*pool.MemDevicePool
+	gate *gate
+}
+
+func (p gatedPool) LoadLayer(layer int, host *pool.HostPool, moves []pool.PageMove) error {
+	if err := p.gate.wait(pool.Load); err != nil {
+		return err
+	}
+	return p.MemDevicePool.LoadLayer(layer, host, moves)
+}
+
+func (p gatedPool) BackupLayer(layer int, host *pool.HostPool, moves []pool.PageMove) error {
+	if err := p.gate.wait(pool.Backup); err != nil {
+		return err
+	}
+	return p.MemDevicePool.BackupLayer(layer, host, moves)
 }
 
 func newEnv(t testing.TB, cfg Config, devPages, hostPages int) *env {
@@ -54,7 +133,14 @@ func newEnvWith(t testing.TB, cfg Config, devPages, hostPages int, opts Options,
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { closeDev() })
-	e := &env{dev: dev}
+	e := &env{gate: &gate{}}
+	e.dev.Pages = dev.Pages
+	for _, p := range dev.Pools {
+		m := p.(*pool.MemDevicePool)
+		e.mems = append(e.mems, m)
+		e.dev.Pools = append(e.dev.Pools, gatedPool{MemDevicePool: m, gate: e.gate})
+	}
+	dev = e.dev
 	if hostPages > 0 {
 		hcfg := acfg
 		hcfg.Kind = kind
@@ -78,7 +164,12 @@ func newEnvWith(t testing.TB, cfg Config, devPages, hostPages int, opts Options,
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() {
+		// Copies a failed test left held must run for Close to finish.
+		e.gate.open(pool.Load)
+		e.gate.open(pool.Backup)
+		c.Close()
+	})
 	e.cache = c
 	return e
 }
@@ -106,8 +197,7 @@ func prefixHashes(tokens []uint32) []uint64 {
 // fill writes the KV of tokens' positions [from, to) into their device pages.
 func (e *env) fill(tokens []uint32, pages []pool.PageID, from, to int) {
 	hs := prefixHashes(tokens)
-	for pi, p := range e.dev.Pools {
-		m := p.(*pool.MemDevicePool)
+	for pi, m := range e.mems {
 		l := m.Layout()
 		tlb := l.Geometry.TokenLayerBytes()
 		for pos := from; pos < to; pos++ {
@@ -127,7 +217,7 @@ func (e *env) fill(tokens []uint32, pages []pool.PageID, from, to int) {
 // fillPool writes pool pi's KV of positions [from, to).
 func (e *env) fillPool(pi int, tokens []uint32, pages []pool.PageID, from, to int) {
 	hs := prefixHashes(tokens)
-	m := e.dev.Pools[pi].(*pool.MemDevicePool)
+	m := e.mems[pi]
 	l := m.Layout()
 	tlb := l.Geometry.TokenLayerBytes()
 	for pos := from; pos < to; pos++ {
@@ -147,7 +237,7 @@ func (e *env) fillPool(pi int, tokens []uint32, pages []pool.PageID, from, to in
 func (e *env) verifyPool(t testing.TB, pi int, tokens []uint32, pages []pool.PageID, from, to int) {
 	t.Helper()
 	hs := prefixHashes(tokens)
-	m := e.dev.Pools[pi].(*pool.MemDevicePool)
+	m := e.mems[pi]
 	l := m.Layout()
 	tlb := l.Geometry.TokenLayerBytes()
 	for pos := from; pos < to; pos++ {
@@ -168,25 +258,33 @@ func (e *env) verifyPool(t testing.TB, pi int, tokens []uint32, pages []pool.Pag
 // verify checks the KV of the first n positions of tokens in their device pages.
 func (e *env) verify(t testing.TB, tokens []uint32, pages []pool.PageID, n int) {
 	t.Helper()
+	if err := e.check(tokens, pages, 0, n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// check is verify of positions [from, to) that returns the first wrong byte as an
+// error, for goroutines other than the test's.
+func (e *env) check(tokens []uint32, pages []pool.PageID, from, to int) error {
 	hs := prefixHashes(tokens)
-	for pi, p := range e.dev.Pools {
-		m := p.(*pool.MemDevicePool)
+	for pi, m := range e.mems {
 		l := m.Layout()
 		tlb := l.Geometry.TokenLayerBytes()
-		for pos := 0; pos < n; pos++ {
+		for pos := from; pos < to; pos++ {
 			slot := int(pages[pos/testPS])*testPS + pos%testPS
 			for layer := 0; layer < l.Geometry.Layers; layer++ {
 				for buf := 0; buf < l.Geometry.Buffers(); buf++ {
 					off := l.Offset(buf, layer, slot)
 					for i := 0; i < tlb; i++ {
 						if got, want := m.Bytes()[off+int64(i)], kvByte(hs[pos], pi, layer, buf, pos, i); got != want {
-							t.Fatalf("pool %s position %d layer %d buf %d byte %d: %d, want %d", p.Name(), pos, layer, buf, i, got, want)
+							return fmt.Errorf("pool %s position %d layer %d buf %d byte %d: %d, want %d", m.Name(), pos, layer, buf, i, got, want)
 						}
 					}
 				}
 			}
 		}
 	}
+	return nil
 }
 
 // serve runs one request through the cache as an engine would: match, wait for
@@ -476,7 +574,8 @@ func mustAlloc(t testing.TB) *hostmem.Allocator {
 }
 
 // Many engine goroutines serve overlapping prompts at once; every hit is verified
-// byte for byte, and afterwards no page is leaked.
+// byte for byte, and afterwards no page is leaked. Goroutines report failures
+// through errs; only the test's goroutine fails the test.
 func TestConcurrentRequests(t *testing.T) {
 	for _, policy := range []WritePolicy{WriteThrough, WriteThroughSelective, WriteBack} {
 		cfg := DefaultConfig()
@@ -484,8 +583,10 @@ func TestConcurrentRequests(t *testing.T) {
 		cfg.WriteThroughThreshold = 1
 		e := newEnv(t, cfg, 48, 96)
 		bases := [][]uint32{seq(1, 12*testPS), seq(2, 12*testPS), seq(3, 12*testPS), seq(4, 12*testPS)}
+		const workers = 4
+		errs := make(chan error, workers)
 		var wg sync.WaitGroup
-		for g := 0; g < 4; g++ {
+		for g := 0; g < workers; g++ {
 			wg.Add(1)
 			go func(g int) {
 				defer wg.Done()
@@ -495,11 +596,21 @@ func TestConcurrentRequests(t *testing.T) {
 					n := testPS + r.IntN(len(base)-testPS)
 					tokens := append([]uint32(nil), base[:n]...)
 					tokens = append(tokens, seq(uint64(1000*g+i), r.IntN(6))...)
-					e.serveConcurrent(t, tokens)
+					if err := e.serveConcurrent(tokens); err != nil {
+						errs <- fmt.Errorf("%v: worker %d request %d: %w", policy, g, i, err)
+						return
+					}
 				}
 			}(g)
 		}
 		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		if t.Failed() {
+			return
+		}
 		if err := e.cache.Sync(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -516,38 +627,34 @@ func TestConcurrentRequests(t *testing.T) {
 }
 
 // serveConcurrent is serve for many goroutines: when L1 is full of other requests'
-// locked pages it releases its own and starts over, as an engine preempts.
-func (e *env) serveConcurrent(t *testing.T, tokens []uint32) {
+// locked pages it releases its own and starts over, as an engine preempts. It
+// returns what went wrong instead of failing the test.
+func (e *env) serveConcurrent(tokens []uint32) error {
 	for {
 		r, err := e.cache.Match(context.Background(), tokens, MatchOptions{})
 		if err != nil {
-			t.Error(err)
-			return
+			return err
 		}
 		if err := r.Wait(context.Background()); err != nil {
-			t.Error(err)
-			return
+			return err
 		}
-		e.verify(t, tokens, r.DevicePages, r.HitTokens)
+		if err := e.check(tokens, r.DevicePages, 0, r.HitTokens); err != nil {
+			return fmt.Errorf("served prefix of %d tokens (L1 %d, L2 %d): %w", r.HitTokens, r.L1Tokens, r.L2Tokens, err)
+		}
 		need := (len(tokens)+testPS-1)/testPS - len(r.DevicePages)
 		fresh, err := e.cache.AllocDevice(need)
 		if errors.Is(err, ErrDeviceFull) {
 			if err := e.cache.Release(r); err != nil {
-				t.Error(err)
-				return
+				return err
 			}
 			runtime.Gosched()
 			continue
 		}
 		if err != nil {
-			t.Error(err)
-			return
+			return err
 		}
 		pages := append(append([]pool.PageID(nil), r.DevicePages...), fresh...)
 		e.fill(tokens, pages, r.HitTokens, len(tokens))
-		if err := e.cache.Finish(r, tokens, pages); err != nil {
-			t.Error(err)
-		}
-		return
+		return e.cache.Finish(r, tokens, pages)
 	}
 }

@@ -76,10 +76,25 @@ type Config struct {
 	KeyAlgorithm pagekey.Algorithm `json:"keyAlgorithm"`
 	// L3 tunes the L3 tier; it applies when Options.Storage is set.
 	L3 L3Config `json:"l3"`
+	// CloseTimeout bounds Cache.Close: how long it waits for copies and L3 calls
+	// in flight to finish before it abandons them (a backend that ignores
+	// canceled contexts would hold it forever). 0 means 10 s.
+	CloseTimeout time.Duration `json:"closeTimeout"`
+}
+
+// defaultCloseTimeout is Close's guard when Config.CloseTimeout is 0.
+const defaultCloseTimeout = 10 * time.Second
+
+func (c Config) closeTimeout() time.Duration {
+	if c.CloseTimeout == 0 {
+		return defaultCloseTimeout
+	}
+	return c.CloseTimeout
 }
 
 // DefaultConfig returns SGLang's defaults: 64-token pages, LRU, write-through, a
-// 10-token load-back threshold, and a copy engine on every core.
+// 10-token load-back threshold, and a copy engine on every core; Close waits at
+// most 10 s.
 func DefaultConfig() Config {
 	return Config{
 		PageSize:              64,
@@ -90,6 +105,7 @@ func DefaultConfig() Config {
 		Copy:                  pool.DefaultCopyConfig(),
 		KeyAlgorithm:          pagekey.SHA256,
 		L3:                    DefaultL3Config(),
+		CloseTimeout:          defaultCloseTimeout,
 	}
 }
 
@@ -112,6 +128,9 @@ func (c Config) Validate() error {
 	}
 	if c.KeyAlgorithm != pagekey.SHA256 && c.KeyAlgorithm != pagekey.XXH3 {
 		return fmt.Errorf("key algorithm %v: %w", c.KeyAlgorithm, ErrConfig)
+	}
+	if c.CloseTimeout < 0 {
+		return fmt.Errorf("close timeout %v: must not be negative (0 means %v): %w", c.CloseTimeout, defaultCloseTimeout, ErrConfig)
 	}
 	return nil
 }

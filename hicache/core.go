@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -20,13 +21,24 @@ type core[E radix.Elem] struct {
 	host   *pool.Group // nil for an L1-only cache
 	copier *pool.CopyEngine
 	toKey  func([]uint32) []E
+	faults Faults
 
-	ops       []copyOp[E]
-	loading   map[*radix.Node[E]]*pool.Transfer // L1 pages still being loaded
-	poisoned  []*radix.Node[E]                  // loads that failed: drop their L1 pages once unlocked
-	unbacked  []*radix.Node[E]                  // backups that failed: drop their L2 pages once unreferenced
-	pageBytes int64                             // bytes of one page across every pool
+	ops []copyOp[E]
+	// loading maps every L1 page a load writes to its transfer. It is kept by page,
+	// not by node: a split moves pages into a new node and an insert hands a
+	// node's pages to another request, but a page stays the page the copy writes,
+	// so whoever is served it waits for the copy. A failed load's pages keep their
+	// (failed) transfer until they are freed, so requests served them are told.
+	loading map[pool.PageID]*pool.Transfer
+	// freeAfter holds L1 pages released while a load still writes them: they go
+	// back to the page space once the copy is done, never while it could
+	// overwrite the page's next owner.
+	freeAfter map[*pool.Transfer][]pool.PageID
+	poisoned  []*radix.Node[E] // loads that failed: drop their L1 pages once unlocked
+	unbacked  []*radix.Node[E] // backups that failed: drop their L2 pages once unreferenced
+	pageBytes int64            // bytes of one page across every pool
 	st        Stats
+	closing   bool // Close has begun: L3 workers must no longer touch the tree
 
 	hasher *pagekey.Hasher
 	l3     *l3Tier     // nil without storage
@@ -36,18 +48,22 @@ type core[E radix.Elem] struct {
 type opKind uint8
 
 const (
-	opLoad opKind = iota
-	opBackup
-	opLoadStaged // L3 pages loaded from reserved host pages for one request
+	opLoad      opKind = iota // L2 pages into the L1 pages of tree nodes
+	opBackup                  // L1 pages into L2 (write-through, or a write-back eviction)
+	opLoadOwned               // pages into L1 pages one request owns (a prefetch's staged pages)
 )
 
-// copyOp is a copy in flight and the nodes whose references it holds.
+// copyOp is a copy in flight and what it holds until it is accounted for: loads
+// lock their nodes (the L1 pages they write) and host-reference them (the L2
+// pages they read); backups do the same for the pages they read and write.
 type copyOp[E radix.Elem] struct {
 	kind   opKind
 	t      *pool.Transfer
 	nodes  []*radix.Node[E]
 	pages  int
-	staged []pool.PageID // opLoadStaged: host pages to free when the load is done
+	dev    []pool.PageID // loads: the L1 pages written
+	host   []pool.PageID // backups: the L2 pages written
+	staged []pool.PageID // opLoadOwned from a prefetch: host pages to free when the load is done
 }
 
 func newCore[E radix.Elem](cfg Config, dev pool.DeviceGroup, host *pool.Group, maxPages int, toKey func([]uint32) []E, opts Options, mu *sync.Mutex) (*core[E], error) {
@@ -60,7 +76,11 @@ func newCore[E radix.Elem](cfg Config, dev pool.DeviceGroup, host *pool.Group, m
 	if err != nil {
 		return nil, errors.Join(err, tree.Close())
 	}
-	c := &core[E]{cfg: cfg, tree: tree, dev: dev, host: host, toKey: toKey, loading: map[*radix.Node[E]]*pool.Transfer{}, hasher: hasher, mu: mu}
+	c := &core[E]{cfg: cfg, tree: tree, dev: dev, host: host, toKey: toKey, hasher: hasher, mu: mu,
+		loading: map[pool.PageID]*pool.Transfer{}, freeAfter: map[*pool.Transfer][]pool.PageID{}}
+	if opts.Faults != nil {
+		c.faults = *opts.Faults
+	}
 	for _, p := range dev.Pools {
 		c.pageBytes += p.Layout().PageBytes()
 	}
@@ -79,41 +99,118 @@ func newCore[E radix.Elem](cfg Config, dev pool.DeviceGroup, host *pool.Group, m
 	return c, nil
 }
 
-func (c *core[E]) close() error {
+// close stops the L3 workers (waiting for them until deadline) and the copy
+// engine, then releases the tree. It runs without Cache.mu: the L3 workers take
+// it to reserve host pages.
+func (c *core[E]) close(deadline time.Time) error {
+	c.mu.Lock()
+	c.closing = true // from now on a worker's reservation gets nothing
+	c.mu.Unlock()
 	if c.l3 != nil {
-		c.l3.close()
+		c.l3.close(deadline)
 	}
 	if c.copier != nil {
 		c.copier.Close()
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	return c.tree.Close()
 }
 
-func (c *core[E]) match(tokens []uint32, opts MatchOptions) (*Request, error) {
-	ps := c.cfg.PageSize
+// must panics on an error that can only come from the cache's own accounting of
+// locks and references (a bug): going on would free or serve pages a copy or a
+// request still uses.
+func must(err error) {
+	if err != nil {
+		panic(fmt.Sprintf("hicache: lock or reference count out of step with the cache's copies: %v", err))
+	}
+}
+
+// match finds tokens' cached prefix and locks it for a new request, then
+// completes it as complete does. A non-empty wait means the request needs L1
+// room that only copies in flight can free: the caller waits for them without
+// the cache and calls complete again.
+func (c *core[E]) match(tokens []uint32, opts MatchOptions) (*Request, []*pool.Transfer, error) {
 	c.st.Requests++
 	c.st.PromptTokens += int64(len(tokens))
 	seed := c.hasher.Seed(opts.Namespace)
+	nodes := c.tree.Nodes()
 	m := c.tree.Match(seed, c.toKey(tokens))
-	r := &Request{Tokens: len(tokens), node: m.Last, ns: seed}
 	if err := c.tree.Lock(m.Last); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	l1 := m.DevicePages()
-	r.DevicePages = m.AppendDevice(make([]pool.PageID, 0, m.Pages))
-	r.L1Tokens = l1 * ps
-	for _, s := range m.Spans {
-		if s.Device == nil {
+	r := &Request{Tokens: len(tokens), node: m.Last, ns: seed}
+	if c.faults.OverlongMatch && c.tree.Nodes() > nodes && c.cfg.pages(len(tokens)) > m.Pages {
+		// The match split a node where the request diverges from it: the node's
+		// rest, the other continuation, is the new head's only child.
+		r.overlong = m.Last.Children()[0]
+	}
+	wait, err := c.complete(r, opts, true)
+	return r, wait, err
+}
+
+// path returns the nodes from the root down to n.
+func path[E radix.Elem](n *radix.Node[E]) []*radix.Node[E] {
+	var out []*radix.Node[E]
+	for x := n; !x.IsRoot(); x = x.Parent() {
+		out = append(out, x)
+	}
+	slices.Reverse(out)
+	return out
+}
+
+// complete serves r its locked prefix: the L1 part as it is, the L2 part loaded
+// back, the prefetch's staged pages after it. The prefix is read from the tree
+// each time: while the caller waited without the cache, other requests may have
+// split its nodes or loaded some of them (the lock keeps every page cached).
+// With mayWait, when L1 lacks the room and copies in flight would free some, it
+// changes nothing but evictions and returns them to wait for; otherwise a load
+// without room is skipped and the engine recomputes those tokens.
+func (c *core[E]) complete(r *Request, opts MatchOptions, mayWait bool) ([]*pool.Transfer, error) {
+	ps := c.cfg.PageSize
+	last := r.node.(*radix.Node[E])
+	nodes := path(last)
+	pages, l1 := 0, 0
+	for _, n := range nodes {
+		if n.Device() != nil && l1 == pages {
+			l1 += n.Pages()
+		}
+		pages += n.Pages()
+	}
+	l2 := pages - l1
+	loadL2 := l2 > 0 && c.host != nil && l2*ps >= c.cfg.LoadBackMinTokens
+	if mayWait {
+		need := 0
+		if loadL2 {
+			need = l2
+		}
+		if p := opts.Prefetch; p != nil && (loadL2 || l2 == 0) {
+			need += c.stagedPages(r, p.op, pages)
+		}
+		if r.overlong != nil {
+			need++
+		}
+		if need > 0 {
+			if wait, err := c.roomWait(need); err != nil || len(wait) > 0 {
+				return wait, err
+			}
+		}
+	}
+	r.DevicePages = make([]pool.PageID, 0, pages)
+	for _, n := range nodes {
+		if n.Device() == nil {
 			break
 		}
-		if t := c.loading[s.Node]; t != nil {
-			r.loads = append(r.loads, t) // loaded for another request, maybe not yet done
-		}
+		r.DevicePages = append(r.DevicePages, n.Device()...)
 	}
-	if l2 := m.Pages - l1; l2 > 0 {
-		if c.host == nil || l2*ps < c.cfg.LoadBackMinTokens {
+	r.L1Tokens = l1 * ps
+	r.owned = len(r.DevicePages)
+	r.loads = nil
+	c.addLoads(r, r.DevicePages) // loaded for another request, maybe not yet done
+	if l2 > 0 {
+		if !loadL2 {
 			c.st.SkippedL2Tokens += int64(l2 * ps)
-		} else if err := c.loadBack(r, m.Spans, l1, l2); err != nil {
+		} else if err := c.loadBack(r, nodes, l2); err != nil {
 			if !errors.Is(err, ErrDeviceFull) {
 				return nil, err
 			}
@@ -124,12 +221,12 @@ func (c *core[E]) match(tokens []uint32, opts MatchOptions) (*Request, error) {
 	if p := opts.Prefetch; p != nil {
 		// Pages the prefetch put in the tree that this request now loads count as
 		// its L3 hits.
-		if op := p.op; op.inserted > 0 && op.ns == seed && l1 <= op.from && len(r.DevicePages) >= op.from+op.inserted {
+		if op := p.op; op.inserted > 0 && op.ns == r.ns && l1 <= op.from && len(r.DevicePages) >= op.from+op.inserted {
 			r.L2Tokens -= op.inserted * ps
 			r.L3Tokens += op.inserted * ps
 		}
-		if len(r.DevicePages) == m.Pages {
-			if err := c.takeStaged(r, p.op, m.Pages); err != nil {
+		if len(r.DevicePages) == pages {
+			if err := c.takeStaged(r, p.op, pages); err != nil {
 				return nil, err
 			}
 		}
@@ -140,6 +237,12 @@ func (c *core[E]) match(tokens []uint32, opts MatchOptions) (*Request, error) {
 			p.op.release()
 		}
 	}
+	if tail, ok := r.overlong.(*radix.Node[E]); ok && len(r.DevicePages) == pages {
+		if err := c.overlong(r, last, tail); err != nil {
+			return nil, err
+		}
+	}
+	r.overlong = nil
 	r.HitTokens = r.L1Tokens + r.L2Tokens + r.L3Tokens
 	c.st.HitTokensL1 += int64(r.L1Tokens)
 	c.st.HitTokensL2 += int64(r.L2Tokens)
@@ -147,8 +250,7 @@ func (c *core[E]) match(tokens []uint32, opts MatchOptions) (*Request, error) {
 	c.st.DraftRecomputeTokens += int64(r.DraftRecomputeTokens)
 	if c.cfg.WritePolicy == WriteThroughSelective && c.host != nil {
 		var hot []*radix.Node[E]
-		for _, s := range m.Spans {
-			n := s.Node
+		for _, n := range nodes {
 			if n.Device() != nil && n.Host() == nil && n.Hits() >= c.cfg.WriteThroughThreshold {
 				hot = append(hot, n)
 			}
@@ -157,7 +259,64 @@ func (c *core[E]) match(tokens []uint32, opts MatchOptions) (*Request, error) {
 			return nil, err
 		}
 	}
-	return r, nil
+	return nil, nil
+}
+
+// addLoads makes r wait for the loads in flight (or failed) into any of pages.
+func (c *core[E]) addLoads(r *Request, pages []pool.PageID) {
+	if len(c.loading) == 0 {
+		return
+	}
+	for _, p := range pages {
+		if t := c.loading[p]; t != nil && !slices.Contains(r.loads, t) {
+			r.loads = append(r.loads, t)
+		}
+	}
+}
+
+// overlong is Faults.OverlongMatch: r, whose match ended inside a node, is served
+// one more page, the first of the node's other continuation (tail), copied from
+// its L2 copy into a page r owns. Without an L2 copy or L1 room nothing happens.
+func (c *core[E]) overlong(r *Request, last, tail *radix.Node[E]) error {
+	if c.host == nil || !tail.InTree() || tail.Parent() != last || tail.Host() == nil {
+		return nil
+	}
+	dev, err := c.allocDevice(1)
+	if errors.Is(err, ErrDeviceFull) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	t, err := c.copier.Load(c.dev, c.host, []pool.PageMove{{Device: dev[0], Host: tail.Host()[0]}})
+	if err != nil {
+		return errors.Join(fmt.Errorf("load the overlong page: %w", err), c.dev.Pages.Free(dev))
+	}
+	if err := c.tree.HostRef(tail); err != nil {
+		return err
+	}
+	c.startLoad(copyOp[E]{kind: opLoadOwned, t: t, nodes: []*radix.Node[E]{tail}, pages: 1, dev: dev})
+	r.loads = append(r.loads, t)
+	r.DevicePages = append(r.DevicePages, dev...)
+	r.L2Tokens += c.cfg.PageSize
+	return nil
+}
+
+// startLoad records a load in flight and the L1 pages it writes.
+func (c *core[E]) startLoad(op copyOp[E]) {
+	for _, p := range op.dev {
+		c.loading[p] = op.t
+	}
+	c.ops = append(c.ops, op)
+}
+
+// stagedPages is how many pages takeStaged would load for r after a prefix of
+// prefix pages.
+func (c *core[E]) stagedPages(r *Request, op *prefetchOp, prefix int) int {
+	if !op.staged || op.taken || op.abandoned || op.ns != r.ns || op.from > prefix || prefix >= op.from+op.usable {
+		return 0
+	}
+	return op.usable - (prefix - op.from)
 }
 
 // takeStaged loads the pages a prefetch kept for its first request (L3 pages
@@ -165,11 +324,11 @@ func (c *core[E]) match(tokens []uint32, opts MatchOptions) (*Request, error) {
 // they continue exactly that prefix: the prefetch started at or before its end
 // (pages the tree has cached meanwhile are dropped from the staged ones).
 func (c *core[E]) takeStaged(r *Request, op *prefetchOp, prefix int) error {
-	if !op.staged || op.taken || op.abandoned || op.ns != r.ns || op.from > prefix || prefix >= op.from+op.usable {
+	n := c.stagedPages(r, op, prefix)
+	if n == 0 {
 		return nil
 	}
 	skip := prefix - op.from // staged pages the tree now has
-	n := op.usable - skip
 	dev, err := c.allocDevice(n)
 	if errors.Is(err, ErrDeviceFull) {
 		return nil // no room: the request recomputes, the pages are released below
@@ -188,7 +347,7 @@ func (c *core[E]) takeStaged(r *Request, op *prefetchOp, prefix int) error {
 	op.taken = true
 	c.freeHost(op.host[:skip])
 	c.l3.reserved -= skip
-	c.ops = append(c.ops, copyOp[E]{kind: opLoadStaged, t: t, pages: n, staged: op.host[skip:op.usable]})
+	c.startLoad(copyOp[E]{kind: opLoadOwned, t: t, pages: n, dev: dev, staged: op.host[skip:op.usable]})
 	r.loads = append(r.loads, t)
 	r.DevicePages = append(r.DevicePages, dev...)
 	ps := c.cfg.PageSize
@@ -202,40 +361,40 @@ func (c *core[E]) takeStaged(r *Request, op *prefetchOp, prefix int) error {
 	return nil
 }
 
-// loadBack gives the L2-only spans of a match L1 pages and starts copying them in.
-// The match is locked, so evicting for room cannot touch it.
-func (c *core[E]) loadBack(r *Request, spans []radix.Span[E], l1, l2 int) error {
+// loadBack gives the L2-only nodes at the end of a match l2 L1 pages and starts
+// copying them in. The match is locked, so evicting for room cannot touch it; the
+// load locks and host-references the nodes too, so that neither the L1 pages it
+// writes nor the L2 pages it reads are freed before it is accounted for, even if
+// the request ends first.
+func (c *core[E]) loadBack(r *Request, nodes []*radix.Node[E], l2 int) error {
 	dev, err := c.allocDevice(l2)
 	if err != nil {
 		return err
 	}
 	moves := make([]pool.PageMove, 0, l2)
-	var nodes []*radix.Node[E]
+	var loaded []*radix.Node[E]
 	j := 0
-	for _, s := range spans {
-		if s.Device != nil {
+	for _, n := range nodes {
+		if n.Device() != nil {
 			continue
 		}
-		for i, h := range s.Host {
+		for i, h := range n.Host() {
 			moves = append(moves, pool.PageMove{Device: dev[j+i], Host: h})
 		}
-		if err := c.tree.SetDevice(s.Node, dev[j:j+s.Pages]); err != nil {
-			return fmt.Errorf("load back: %w", err) // a bug: the match's L2 spans follow its L1 spans
+		if err := c.tree.SetDevice(n, dev[j:j+n.Pages()]); err != nil {
+			return fmt.Errorf("load back: %w", err) // a bug: the match's L2 nodes follow its L1 nodes
 		}
-		if err := c.tree.HostRef(s.Node); err != nil {
+		if err := errors.Join(c.tree.Lock(n), c.tree.HostRef(n)); err != nil {
 			return err
 		}
-		nodes = append(nodes, s.Node)
-		j += s.Pages
+		loaded = append(loaded, n)
+		j += n.Pages()
 	}
 	t, err := c.copier.Load(c.dev, c.host, moves)
 	if err != nil {
 		return fmt.Errorf("load back %d pages: %w", l2, err)
 	}
-	for _, n := range nodes {
-		c.loading[n] = t
-	}
-	c.ops = append(c.ops, copyOp[E]{kind: opLoad, t: t, nodes: nodes, pages: l2})
+	c.startLoad(copyOp[E]{kind: opLoad, t: t, nodes: loaded, pages: l2, dev: dev})
 	r.loads = append(r.loads, t)
 	r.DevicePages = append(r.DevicePages, dev...)
 	r.L2Tokens = l2 * c.cfg.PageSize
@@ -267,9 +426,7 @@ func (c *core[E]) insert(r *Request, tokens []uint32, pages []pool.PageID) ([]po
 	if err != nil {
 		return nil, err
 	}
-	if err := c.dev.Pages.Free(res.Duplicate); err != nil {
-		return nil, fmt.Errorf("free duplicate pages: %w", err)
-	}
+	c.freeDev(res.Duplicate)
 	newPages := res.NewPages
 	for _, n := range res.Revived {
 		newPages += n.Pages()
@@ -291,6 +448,9 @@ func (c *core[E]) insert(r *Request, tokens []uint32, pages []pool.PageID) ([]po
 	r.node = res.Last
 	r.DevicePages = prefix
 	r.owned = len(prefix)
+	// Where the tree had the pages already, the engine now uses the tree's, which
+	// a load may still be writing.
+	c.addLoads(r, prefix)
 	if c.cfg.WritePolicy == WriteThrough && c.host != nil {
 		if err := c.backup(res.New); err != nil {
 			return nil, err
@@ -311,7 +471,6 @@ func (c *core[E]) unlock(r *Request) error {
 // L1 pages must not be freed) and referenced (their L2 pages are not valid yet)
 // until the copy is accounted for. Nodes L2 has no room for are left in L1 only.
 func (c *core[E]) backup(nodes []*radix.Node[E]) error {
-	var moves []pool.PageMove
 	var started []*radix.Node[E]
 	for _, n := range nodes {
 		if !n.InTree() || n.Device() == nil || n.Host() != nil {
@@ -325,21 +484,40 @@ func (c *core[E]) backup(nodes []*radix.Node[E]) error {
 		if err := c.tree.SetHost(n, host); err != nil {
 			return errors.Join(err, c.host.Free(host))
 		}
-		for i, d := range n.Device() {
-			moves = append(moves, pool.PageMove{Device: d, Host: host[i]})
+		if err := errors.Join(c.tree.Lock(n), c.tree.HostRef(n)); err != nil {
+			return err
 		}
-		_ = c.tree.Lock(n)
-		_ = c.tree.HostRef(n)
 		started = append(started, n)
 	}
-	if len(moves) == 0 {
+	return c.startBackup(started)
+}
+
+// startBackup starts copying the L1 pages of nodes, locked and host-referenced
+// with their L2 pages set, into those L2 pages. If the copy cannot start, the
+// nodes are left as they were.
+func (c *core[E]) startBackup(nodes []*radix.Node[E]) error {
+	if len(nodes) == 0 {
 		return nil
+	}
+	var moves []pool.PageMove
+	var host []pool.PageID
+	for _, n := range nodes {
+		for i, d := range n.Device() {
+			moves = append(moves, pool.PageMove{Device: d, Host: n.Host()[i]})
+		}
+		host = append(host, n.Host()...)
 	}
 	t, err := c.copier.Backup(c.dev, c.host, moves)
 	if err != nil {
-		return fmt.Errorf("backup %d pages: %w", len(moves), err)
+		errs := []error{fmt.Errorf("backup %d pages: %w", len(moves), err)}
+		for _, n := range nodes {
+			errs = append(errs, c.tree.Unlock(n), c.tree.HostUnref(n))
+			pages, err := c.tree.DropHost(n)
+			errs = append(errs, err, c.host.Free(pages))
+		}
+		return errors.Join(errs...)
 	}
-	c.ops = append(c.ops, copyOp[E]{kind: opBackup, t: t, nodes: started, pages: len(moves)})
+	c.ops = append(c.ops, copyOp[E]{kind: opBackup, t: t, nodes: nodes, pages: len(moves), host: host})
 	return nil
 }
 
@@ -358,21 +536,15 @@ func (c *core[E]) allocHost(n int) ([]pool.PageID, bool) {
 	return pages, err == nil
 }
 
+// allocDevice takes n L1 pages, evicting unlocked pages when too few are free. It
+// never waits for a copy (roomWait says which to wait for): ErrDeviceFull when
+// the pages are not free now.
 func (c *core[E]) allocDevice(n int) ([]pool.PageID, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("allocate %d pages: %w", n, ErrRequest)
 	}
-	if free := c.dev.Pages.FreePages(); free < n {
-		if err := c.evictDevice(n - free); err != nil {
-			return nil, err
-		}
-	}
-	if free := c.dev.Pages.FreePages(); free < n && c.waitBackups() {
-		// Pages being backed up are locked until their copy is accounted for; the
-		// copies take microseconds, so wait for them rather than fail.
-		if err := c.evictDevice(n - free); err != nil {
-			return nil, err
-		}
+	if err := c.evictFor(n); err != nil {
+		return nil, err
 	}
 	pages, err := c.dev.Pages.Alloc(n)
 	if err != nil {
@@ -381,32 +553,92 @@ func (c *core[E]) allocDevice(n int) ([]pool.PageID, error) {
 	return pages, nil
 }
 
-// waitBackups waits for the L1→L2 copies in flight and accounts for them; it
-// reports whether there were any.
-func (c *core[E]) waitBackups() bool {
-	waited := false
-	for _, op := range c.ops {
-		if op.kind == opBackup {
-			<-op.t.Done()
-			waited = true
+// allocDeviceOrWait is allocDevice for a caller that can wait without the cache:
+// when the pages are not free but L1→L2 copies in flight hold some, it returns
+// those copies instead (having only evicted).
+func (c *core[E]) allocDeviceOrWait(n int, mayWait bool) ([]pool.PageID, []*pool.Transfer, error) {
+	if mayWait && n > 0 {
+		if wait, err := c.roomWait(n); err != nil || len(wait) > 0 {
+			return nil, wait, err
 		}
 	}
-	if waited {
-		c.reap()
-	}
-	return waited
+	pages, err := c.allocDevice(n)
+	return pages, nil, err
 }
 
+// evictFor evicts until n L1 pages are free, as far as it can without waiting.
+func (c *core[E]) evictFor(n int) error {
+	if free := c.dev.Pages.FreePages(); free < n {
+		return c.evictDevice(n - free)
+	}
+	return nil
+}
+
+// roomWait evicts for n L1 pages and, when that does not free enough, returns
+// the L1→L2 copies in flight: the pages they read are locked until they are
+// accounted for (write-back evictions among them), and the copies take
+// microseconds, so waiting for them, without the cache, frees more.
+func (c *core[E]) roomWait(n int) ([]*pool.Transfer, error) {
+	if err := c.evictFor(n); err != nil {
+		return nil, err
+	}
+	if c.dev.Pages.FreePages() >= n {
+		return nil, nil
+	}
+	var wait []*pool.Transfer
+	for _, op := range c.ops {
+		if op.kind == opBackup {
+			wait = append(wait, op.t)
+		}
+	}
+	return wait, nil
+}
+
+func (c *core[E]) countWait() { c.st.CopyWaits++ }
+
+// freeDevice returns pages the engine allocated.
 func (c *core[E]) freeDevice(pages []pool.PageID) error {
-	if err := c.dev.Pages.Free(pages); err != nil {
+	if err := c.freeDevAll(pages); err != nil {
 		return fmt.Errorf("free L1 pages: %w: %w", err, ErrRequest)
 	}
 	return nil
 }
 
-// evictDevice frees at least need L1 pages if it can. Victims backed up in L2 keep
-// their L2 copy; with write-back, victims that are not are backed up first (the
-// eviction waits for that copy); others are dropped with their subtree.
+// freeDev returns L1 pages the cache's accounting says are held: an error is a bug.
+func (c *core[E]) freeDev(pages []pool.PageID) {
+	if err := c.freeDevAll(pages); err != nil {
+		panic(fmt.Sprintf("hicache: freeing L1 pages the page space did not hand out: %v", err))
+	}
+}
+
+// freeDevAll returns L1 pages to the page space, except those a load still
+// writes: they wait in freeAfter for the load to be accounted for.
+func (c *core[E]) freeDevAll(pages []pool.PageID) error {
+	if len(c.loading) == 0 {
+		return c.dev.Pages.Free(pages)
+	}
+	now := make([]pool.PageID, 0, len(pages))
+	for _, p := range pages {
+		t := c.loading[p]
+		if t == nil {
+			now = append(now, p)
+			continue
+		}
+		select {
+		case <-t.Done(): // a failed load's page: free to go
+			delete(c.loading, p)
+			now = append(now, p)
+		default:
+			c.freeAfter[t] = append(c.freeAfter[t], p)
+		}
+	}
+	return c.dev.Pages.Free(now)
+}
+
+// evictDevice frees at least need L1 pages if it can without waiting. Victims
+// backed up in L2 keep their L2 copy; with write-back, victims that are not are
+// backed up first (their pages are freed by a later eviction, once the copy is
+// accounted for); others are dropped with their subtree.
 func (c *core[E]) evictDevice(need int) error {
 	start := time.Now()
 	defer func() {
@@ -414,117 +646,55 @@ func (c *core[E]) evictDevice(need int) error {
 		c.st.EvictionTime += d
 		c.st.EvictionSeconds.observe(d.Seconds())
 	}()
-	freed := 0
-	for freed < need {
-		var batch []*radix.Node[E]
-		batchPages := 0
-		for freed+batchPages < need {
-			v := c.tree.DeviceVictim()
-			if v == nil {
-				break
-			}
-			if v.Host() != nil {
-				pages, err := c.tree.DropDevice(v)
-				if err != nil {
-					return err
-				}
-				if err := c.dev.Pages.Free(pages); err != nil {
-					return fmt.Errorf("free evicted L1 pages: %w", err)
-				}
-				freed += len(pages)
-				c.st.EvictedTokensL1 += int64(len(pages) * c.cfg.PageSize)
-				continue
-			}
-			if c.cfg.WritePolicy == WriteBack && c.host != nil {
-				if host, ok := c.allocHost(v.Pages()); ok {
-					if err := c.tree.SetHost(v, host); err != nil {
-						return err
-					}
-					_ = c.tree.Lock(v) // out of the victim heap while its copy runs
-					_ = c.tree.HostRef(v)
-					batch = append(batch, v)
-					batchPages += v.Pages()
-					continue
-				}
-			}
-			dev, host, err := c.tree.Remove(v)
+	freed, pending := 0, 0
+	var batch []*radix.Node[E]
+	for freed+pending < need {
+		v := c.tree.DeviceVictim()
+		if v == nil {
+			break
+		}
+		if v.Host() != nil {
+			pages, err := c.tree.DropDevice(v)
 			if err != nil {
 				return err
 			}
-			if err := c.dev.Pages.Free(dev); err != nil {
-				return fmt.Errorf("free evicted L1 pages: %w", err)
-			}
-			if c.host != nil {
-				if err := c.host.Free(host); err != nil {
-					return fmt.Errorf("free evicted L2 pages: %w", err)
-				}
-			}
-			freed += len(dev)
-			c.st.EvictedTokensL1 += int64(len(dev) * c.cfg.PageSize)
-			c.st.EvictedTokensL2 += int64(len(host) * c.cfg.PageSize)
-		}
-		if len(batch) == 0 {
-			if c.tree.DeviceVictim() == nil {
-				break
-			}
+			c.freeDev(pages)
+			freed += len(pages)
+			c.st.EvictedTokensL1 += int64(len(pages) * c.cfg.PageSize)
 			continue
 		}
-		n, err := c.writeBack(batch)
-		freed += n
+		if c.cfg.WritePolicy == WriteBack && c.host != nil {
+			if host, ok := c.allocHost(v.Pages()); ok {
+				if err := c.tree.SetHost(v, host); err != nil {
+					return errors.Join(err, c.host.Free(host))
+				}
+				// Locked, it leaves the victim heap while its copy runs.
+				if err := errors.Join(c.tree.Lock(v), c.tree.HostRef(v)); err != nil {
+					return err
+				}
+				batch = append(batch, v)
+				pending += v.Pages()
+				continue
+			}
+		}
+		dev, host, err := c.tree.Remove(v)
 		if err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// writeBack copies victims' L1 pages to their new L2 pages, waits, and drops their
-// L1 pages. A victim whose copy failed loses its L2 pages instead and stays in L1.
-func (c *core[E]) writeBack(batch []*radix.Node[E]) (int, error) {
-	var moves []pool.PageMove
-	for _, v := range batch {
-		for i, d := range v.Device() {
-			moves = append(moves, pool.PageMove{Device: d, Host: v.Host()[i]})
+		c.freeDev(dev)
+		if c.host != nil {
+			c.freeHost(host)
 		}
+		freed += len(dev)
+		c.st.EvictedTokensL1 += int64(len(dev) * c.cfg.PageSize)
+		c.st.EvictedTokensL2 += int64(len(host) * c.cfg.PageSize)
 	}
-	t, err := c.copier.Backup(c.dev, c.host, moves)
-	var copyErr error
-	if err == nil {
-		copyErr = t.Wait(contextBackground())
-		c.account(opBackup, t, len(moves))
-	} else {
-		copyErr = err
-	}
-	freed := 0
-	for _, v := range batch {
-		_ = c.tree.Unlock(v)
-		_ = c.tree.HostUnref(v)
-		if copyErr != nil {
-			if host, err := c.tree.DropHost(v); err == nil {
-				_ = c.host.Free(host)
-			}
-			continue
-		}
-		pages, err := c.tree.DropDevice(v)
-		if err != nil {
-			return freed, err
-		}
-		if err := c.dev.Pages.Free(pages); err != nil {
-			return freed, fmt.Errorf("free evicted L1 pages: %w", err)
-		}
-		freed += len(pages)
-		c.st.EvictedTokensL1 += int64(len(pages) * c.cfg.PageSize)
-	}
-	if copyErr != nil {
-		return freed, fmt.Errorf("write back %d pages: %w", len(moves), copyErr)
-	}
-	c.backupToL3(batch)
-	return freed, nil
+	return c.startBackup(batch)
 }
 
 func (c *core[E]) account(kind opKind, t *pool.Transfer, pages int) {
 	tr := &c.st.Backup
-	if kind == opLoad {
+	if kind != opBackup {
 		tr = &c.st.LoadBack
 	}
 	tr.Transfers++
@@ -536,8 +706,8 @@ func (c *core[E]) account(kind opKind, t *pool.Transfer, pages int) {
 	}
 }
 
-// reap accounts for finished copies: loads release their host references, backups
-// their locks; failures undo what the copy was to provide.
+// reap accounts for finished copies: loads release their locks and host
+// references, backups theirs; failures undo what the copy was to provide.
 func (c *core[E]) reap() {
 	kept := c.ops[:0]
 	for _, op := range c.ops {
@@ -549,29 +719,45 @@ func (c *core[E]) reap() {
 		}
 		c.account(op.kind, op.t, op.pages)
 		failed := op.t.Err() != nil
-		if op.kind == opLoadStaged {
-			c.freeHost(op.staged)
-			c.l3.reserved -= len(op.staged)
-		}
-		if op.kind == opBackup && !failed {
-			c.backupToL3(op.nodes)
-		}
 		for _, n := range op.nodes {
-			_ = c.tree.HostUnref(n)
-			switch op.kind {
-			case opLoad:
-				if c.loading[n] == op.t {
-					delete(c.loading, n)
-				}
-				if failed {
-					c.poisoned = append(c.poisoned, n)
-				}
-			case opBackup:
-				_ = c.tree.Unlock(n)
-				if failed {
-					c.unbacked = append(c.unbacked, n)
+			if op.kind != opLoadOwned {
+				must(c.tree.Unlock(n))
+			}
+			must(c.tree.HostUnref(n))
+		}
+		switch op.kind {
+		case opLoad:
+			if failed {
+				c.poisoned = appendHolders(c.poisoned, op.nodes, op.dev, (*radix.Node[E]).Device)
+			}
+		case opLoadOwned:
+			if op.staged != nil {
+				c.freeHost(op.staged)
+				c.l3.reserved -= len(op.staged)
+			}
+		case opBackup:
+			if failed {
+				c.unbacked = appendHolders(c.unbacked, op.nodes, op.host, (*radix.Node[E]).Host)
+			} else {
+				c.backupToL3(op.nodes)
+			}
+		}
+		// A failed load's pages in the tree stay marked until they are dropped,
+		// so that requests served them meanwhile are told; a request's own pages
+		// are its alone, and it was told.
+		if !failed || op.kind == opLoadOwned {
+			for _, p := range op.dev {
+				if c.loading[p] == op.t {
+					delete(c.loading, p)
 				}
 			}
+		}
+		if pages, ok := c.freeAfter[op.t]; ok {
+			delete(c.freeAfter, op.t)
+			for _, p := range pages {
+				delete(c.loading, p)
+			}
+			c.freeDev(pages)
 		}
 	}
 	for i := len(kept); i < len(c.ops); i++ {
@@ -584,30 +770,85 @@ func (c *core[E]) reap() {
 			case *prefetchOp:
 				c.settlePrefetch(j)
 			case *backupJob:
-				_ = c.tree.HostUnref(j.node.(*radix.Node[E]))
+				must(c.tree.HostUnref(j.node.(*radix.Node[E])))
 				c.l3.backupPending -= len(j.host)
 				c.l3.st.BackedUpTokens += int64(j.written * c.cfg.PageSize)
 			}
 		}
 	}
 	c.poisoned = c.retry(c.poisoned, func(n *radix.Node[E]) bool {
-		if n.Locked() {
+		if n.Device() == nil {
+			return true // evicted from L1 meanwhile
+		}
+		if n.Locked() || hasDeviceChild(n) {
 			return false
 		}
-		if pages, err := c.tree.DropDevice(n); err == nil {
-			_ = c.dev.Pages.Free(pages)
+		if n.Host() == nil {
+			if n.HostRef() > 0 {
+				return false
+			}
+			dev, host, err := c.tree.Remove(n)
+			must(err)
+			c.freeDev(dev)
+			c.freeHost(host)
+			return true
 		}
+		pages, err := c.tree.DropDevice(n)
+		must(err)
+		c.freeDev(pages)
 		return true
 	})
 	c.unbacked = c.retry(c.unbacked, func(n *radix.Node[E]) bool {
+		if n.Host() == nil {
+			return true
+		}
 		if n.HostRef() > 0 {
 			return false
 		}
-		if pages, err := c.tree.DropHost(n); err == nil {
-			_ = c.host.Free(pages)
+		if n.Device() == nil {
+			// Its L1 copy was evicted meanwhile: the garbage in L2 is all that is
+			// left of it, so it goes, with its subtree, once nothing holds it.
+			if n.Locked() {
+				return false
+			}
+			dev, host, err := c.tree.Remove(n)
+			must(err)
+			c.freeDev(dev)
+			c.freeHost(host)
+			return true
 		}
+		pages, err := c.tree.DropHost(n)
+		must(err)
+		c.freeHost(pages)
 		return true
 	})
+}
+
+// appendHolders appends to out the nodes whose pages in one tier (tier returns
+// them) include any of pages: each of nodes and, above it, the heads that splits
+// cut from it since the copy started (a split moves a node's first pages into a
+// new parent). Deepest first, so that dropping them in order never meets a child
+// still in L1.
+func appendHolders[E radix.Elem](out, nodes []*radix.Node[E], pages []pool.PageID, tier func(*radix.Node[E]) []pool.PageID) []*radix.Node[E] {
+	bad := make(map[pool.PageID]bool, len(pages))
+	for _, p := range pages {
+		bad[p] = true
+	}
+	holds := func(n *radix.Node[E]) bool {
+		return slices.ContainsFunc(tier(n), func(p pool.PageID) bool { return bad[p] })
+	}
+	for i := len(nodes) - 1; i >= 0; i-- {
+		for x := nodes[i]; x.InTree() && !x.IsRoot() && holds(x); x = x.Parent() {
+			if !slices.Contains(out, x) {
+				out = append(out, x)
+			}
+		}
+	}
+	return out
+}
+
+func hasDeviceChild[E radix.Elem](n *radix.Node[E]) bool {
+	return slices.ContainsFunc(n.Children(), func(c *radix.Node[E]) bool { return c.Device() != nil })
 }
 
 // retry keeps the nodes (still in the tree) that fix could not settle yet.

@@ -61,10 +61,10 @@ func (c *core[E]) backupToL3(nodes []*radix.Node[E]) {
 		if slices.ContainsFunc(keys, pagekey.Key.IsZero) {
 			continue // inserted without keys: nothing to name it by
 		}
-		_ = c.tree.HostRef(n)
+		must(c.tree.HostRef(n)) // n is in the tree: only a bug fails it
 		job := &backupJob{node: n, keys: keys, host: slices.Clone(n.Host())}
 		if !c.l3.enqueue(job) {
-			_ = c.tree.HostUnref(n)
+			must(c.tree.HostUnref(n))
 			c.l3.st.BackupSkippedPages += int64(pages)
 			continue
 		}
@@ -115,7 +115,7 @@ func (c *core[E]) prefetch(tokens []uint32, ns pagekey.Namespace, cache *Cache) 
 	op.reserve = func(n int) []pool.PageID {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if op.abandoned {
+		if op.abandoned || c.closing {
 			return nil
 		}
 		n = min(n, int(c.l3.cfg.PrefetchCapacity*float64(c.host.Pages()))-c.l3.reserved)
@@ -223,7 +223,7 @@ func (c *core[E]) countOutcome(o outcome) {
 // releaseOwned frees the pages the cache loaded for r alone (not the tree's).
 func (c *core[E]) releaseOwned(r *Request) error {
 	if len(r.DevicePages) > r.owned {
-		if err := c.dev.Pages.Free(r.DevicePages[r.owned:]); err != nil {
+		if err := c.freeDevAll(r.DevicePages[r.owned:]); err != nil { // loads into them finish first
 			return fmt.Errorf("free the request's loaded pages: %w", err)
 		}
 		r.DevicePages = r.DevicePages[:r.owned]

@@ -2,6 +2,7 @@ package hicache
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -45,6 +46,10 @@ type l3Tier struct {
 	bmu       sync.Mutex
 	downUntil time.Time
 	backoff   time.Duration
+	// downEpoch is the backend's storage.EpochOf before the call that failed: a
+	// backend that reconnects by itself (storage.Reconnector) and shows another
+	// epoch has connected again, pools registered, since then.
+	downEpoch uint64
 
 	faults       storage.FaultCounts
 	bytesRead    atomic.Int64
@@ -104,8 +109,10 @@ func newL3Tier(cfg L3Config, backend storage.Backend, host *pool.Group, log *slo
 }
 
 // close stops the workers: queued jobs fail, calls in flight see their context
-// canceled. A backend that ignores contexts is given 10 seconds.
-func (l *l3Tier) close() {
+// canceled. It waits for them until deadline: a worker still in a backend call
+// then (a backend that ignores contexts) is left to finish on its own; it reports
+// to nobody who touches the tree.
+func (l *l3Tier) close(deadline time.Time) {
 	l.cancel()
 	l.qmu.Lock()
 	l.closed = true
@@ -113,10 +120,13 @@ func (l *l3Tier) close() {
 	l.qmu.Unlock()
 	finished := make(chan struct{})
 	go func() { l.wg.Wait(); close(finished) }()
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
 	select {
 	case <-finished:
-	case <-time.After(10 * time.Second):
-		l.log.Error("L3 workers did not stop within 10s: the storage backend ignores canceled contexts", "backend", l.backend.Name())
+	case <-timer.C:
+		l.log.Error("L3 workers still in storage calls at close, abandoned: the backend ignores canceled contexts or is slower than the close timeout",
+			"backend", l.backend.Name())
 	}
 }
 
@@ -125,27 +135,37 @@ const (
 	maxBackoff = 5 * time.Second
 )
 
-// down reports whether calls are being skipped after failures.
+// down reports whether calls are being skipped after failures. A backend that
+// has reconnected since the failure (its epoch moved) ends the backoff at once.
 func (l *l3Tier) down() bool {
+	epoch := storage.EpochOf(l.backend)
 	l.bmu.Lock()
 	defer l.bmu.Unlock()
-	return time.Now().Before(l.downUntil)
+	if !time.Now().Before(l.downUntil) {
+		return false
+	}
+	if epoch != l.downEpoch {
+		l.downUntil, l.backoff = time.Time{}, minBackoff
+		return false
+	}
+	return true
 }
 
+// epoch is the backend's epoch, to take before a call and give to record.
+func (l *l3Tier) epoch() uint64 { return storage.EpochOf(l.backend) }
+
 // record counts a call's faults and moves the breaker: unavailable or timed-out
-// backends are skipped for a backoff that doubles up to 5 s; any success resets it.
-func (l *l3Tier) record(errs ...error) {
+// backends are skipped for a backoff that doubles up to 5 s, or until the backend
+// shows an epoch other than epoch, the one before the call (it reconnected); any
+// success resets it.
+func (l *l3Tier) record(epoch uint64, errs ...error) {
 	failed, ok := false, false
 	for _, err := range errs {
-		kind := storage.FaultKind(err)
 		switch {
-		case err == nil || kind == "":
+		case l.faults.Add(err) == "": // nil or a miss
 			ok = true
-		default:
-			l.faults.AddKind(kind)
-			if kind == "unavailable" || kind == "timeout" {
-				failed = true
-			}
+		case errors.Is(err, storage.ErrUnavailable), errors.Is(err, storage.ErrTimeout):
+			failed = true
 		}
 	}
 	l.bmu.Lock()
@@ -154,6 +174,7 @@ func (l *l3Tier) record(errs ...error) {
 	case failed && !ok:
 		l.downUntil = time.Now().Add(l.backoff)
 		l.backoff = min(2*l.backoff, maxBackoff)
+		l.downEpoch = epoch
 	case ok:
 		l.backoff = minBackoff
 		l.downUntil = time.Time{}
@@ -168,9 +189,10 @@ func (l *l3Tier) exists(ctx context.Context, pools []int, keys []pagekey.Key) in
 		for n < have {
 			end := min(have, n+storage.MaxBatch)
 			cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout)
+			epoch := l.epoch()
 			got, err := l.backend.Exists(cctx, l.specs[p].Name, keys[n:end])
 			cancel()
-			l.record(err)
+			l.record(epoch, err)
 			if err != nil {
 				return 0
 			}
@@ -191,9 +213,10 @@ func (l *l3Tier) get(ctx context.Context, p int, keys []pagekey.Key, host []pool
 	for n < len(keys) {
 		end := min(len(keys), n+storage.MaxBatch)
 		cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout)
+		epoch := l.epoch()
 		errs := l.backend.Get(cctx, l.specs[p].Name, keys[n:end], host[n:end])
 		cancel()
-		l.record(errs...)
+		l.record(epoch, errs...)
 		for _, err := range errs {
 			if err != nil {
 				return n
@@ -210,15 +233,16 @@ func (l *l3Tier) put(ctx context.Context, p int, keys []pagekey.Key, host []pool
 	for n := 0; n < len(keys); n += storage.MaxBatch {
 		end := min(len(keys), n+storage.MaxBatch)
 		cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout)
+		epoch := l.epoch()
 		have, err := l.backend.Exists(cctx, l.specs[p].Name, keys[n:end])
 		if err != nil {
 			cancel()
-			l.record(err)
+			l.record(epoch, err)
 			return written, false
 		}
 		errs := l.backend.Put(cctx, l.specs[p].Name, keys[n+have:end], host[n+have:end])
 		cancel()
-		l.record(errs...)
+		l.record(epoch, errs...)
 		for _, err := range errs {
 			if err != nil {
 				return written, false

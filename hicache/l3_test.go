@@ -25,6 +25,7 @@ type memBackend struct {
 	allocator hostmem.Kind
 	failAll   atomic.Pointer[error]
 	hang      atomic.Bool
+	held      atomic.Pointer[chan struct{}] // calls wait until it is closed (or their context ends)
 	gets      atomic.Int64
 }
 
@@ -48,8 +49,16 @@ func (b *memBackend) RegisterPool(ctx context.Context, spec storage.PoolSpec) er
 	return nil
 }
 
-// fault blocks while hang is set (until ctx ends) and returns the injected error.
+// fault blocks while hang is set (until ctx ends) or held is open, and returns
+// the injected error.
 func (b *memBackend) fault(ctx context.Context) error {
+	if ch := b.held.Load(); ch != nil {
+		select {
+		case <-*ch:
+		case <-ctx.Done():
+			return errors.Join(ctx.Err(), storage.ErrTimeout)
+		}
+	}
 	if b.hang.Load() {
 		<-ctx.Done()
 		return errors.Join(ctx.Err(), storage.ErrTimeout)
@@ -141,7 +150,10 @@ func (b *memBackend) Put(ctx context.Context, name string, keys []pagekey.Key, p
 func l3Config() Config {
 	cfg := DefaultConfig()
 	cfg.L3.PrefetchThreshold = testPS
-	cfg.L3.CallTimeout = 300 * time.Millisecond
+	// Generous: a call that times out backs L3 off and skips backups, and a
+	// file store under -race on a busy machine can take a while. A test that
+	// needs a call to time out sets its own.
+	cfg.L3.CallTimeout = 30 * time.Second
 	cfg.L3.Workers = 2
 	return cfg
 }
@@ -313,6 +325,9 @@ func TestHangingBackendNeverBlocksPastTheDeadline(t *testing.T) {
 	cfg.L3.PrefetchPolicy = Timeout
 	cfg.L3.PrefetchTimeoutBase = 50 * time.Millisecond
 	cfg.L3.PrefetchTimeoutMax = 50 * time.Millisecond
+	// The call hangs until the prefetch is given up, however slow this machine:
+	// only the prefetch deadline can end the wait.
+	cfg.L3.CallTimeout = time.Minute
 	e := newEnvWith(t, cfg, 32, 64, Options{Storage: backend}, hostmem.Mmap)
 	start := time.Now()
 	r := e.serveWith(t, a, pagekey.Namespace{})
@@ -362,8 +377,13 @@ func TestConcurrentPrefetchesOfOnePrefixFetchOnce(t *testing.T) {
 	warm(t, backend, a)
 	backend.gets.Store(0)
 	e := newEnvWith(t, l3Config(), 32, 64, Options{Storage: backend}, hostmem.Mmap)
+	// The first fetch is held in the backend while the second prefetch asks, as
+	// two requests arriving together find it.
+	held := make(chan struct{})
+	backend.held.Store(&held)
 	p1 := e.cache.Prefetch(a, pagekey.Namespace{})
 	p2 := e.cache.Prefetch(a, pagekey.Namespace{})
+	close(held)
 	if p1 == nil || p2 == nil || p1.op != p2.op {
 		t.Fatal("second prefetch of the same pages did not join the first")
 	}

@@ -33,9 +33,13 @@ type Stats struct {
 	// EvictedTokensL2 tokens dropped from L2.
 	EvictedTokensL1 int64 `json:"evictedTokensL1"`
 	EvictedTokensL2 int64 `json:"evictedTokensL2"`
-	// EvictionTime is the wall time spent choosing and releasing victims (and, with
-	// write-back, waiting for their backups).
+	// EvictionTime is the wall time spent choosing and releasing victims.
 	EvictionTime time.Duration `json:"evictionTime"`
+	// CopyWaits counts the times a Match or AllocDevice found L1 short of free
+	// pages while L1→L2 copies held some (write-through backups, write-back
+	// evictions) and waited for them, without holding the cache, before trying
+	// again.
+	CopyWaits int64 `json:"copyWaits"`
 	// LoadBackSeconds is the distribution of L2→L1 load durations, one per load;
 	// EvictionSeconds of evictions that freed pages.
 	LoadBackSeconds Histogram `json:"loadBackSeconds"`
