@@ -6,7 +6,11 @@
 package redistest
 
 import (
+	"context"
 	"os"
+	"os/exec"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,6 +47,10 @@ type Server struct {
 // answers PING. args are extra configuration directives in redis-server's
 // command-line form, such as "--maxmemory", "8mb"; they override the defaults.
 // The server is stopped when t ends.
+//
+// Like t.Skip and t.Fatal, Start may end the calling goroutine (redis-server not
+// installed, or not starting): call it from the test's goroutine, and hold no
+// lock across it (or release it with defer), or the test deadlocks.
 func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
 	Require(t)
@@ -82,7 +90,7 @@ type Cluster struct {
 
 // StartCluster starts a cluster of masters masters that covers every slot and
 // waits until it is healthy. It takes a few seconds; its servers are stopped when
-// t ends.
+// t ends. It may end the calling goroutine, as Start does.
 func StartCluster(t testing.TB, masters int) *Cluster {
 	t.Helper()
 	Require(t)
@@ -111,4 +119,49 @@ func (c *Cluster) WaitOK(t testing.TB, timeout time.Duration) {
 	if err := c.c.WaitOK(timeout); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
+}
+
+// childEnv marks the child process of WithoutRedis, in which WithoutRedis skips:
+// the check does not run itself again.
+const childEnv = "STRATA_REDISTEST_WITHOUT_REDIS"
+
+// WithoutRedis checks that the tests of the running test binary that match the
+// regular expression run ("" for all) skip cleanly where Redis is not installed:
+// it runs them, all but t's own test, in a child process of the same binary whose
+// PATH is an empty directory (no redis-server, no redis-cli) and whose CI is
+// unset, and fails t unless the child passes, with no test failed, within
+// timeout (a bound against a hang; make it generous). It returns the child's
+// verbose output (go test -v), for checks of which tests skipped. In the child
+// itself it skips t.
+func WithoutRedis(t *testing.T, run string, timeout time.Duration) string {
+	t.Helper()
+	if os.Getenv(childEnv) != "" {
+		t.Skip("already running without Redis")
+	}
+	top, _, _ := strings.Cut(t.Name(), "/")
+	args := []string{
+		"-test.run=" + run, "-test.skip=^" + regexp.QuoteMeta(top) + "$",
+		"-test.v", "-test.count=1", "-test.timeout=" + timeout.String(),
+	}
+	// The child's own -test.timeout ends a hang with every goroutine's stack;
+	// the context is the backstop should the child not even get that far.
+	ctx, cancel := context.WithTimeout(t.Context(), timeout+30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.WaitDelay = 10 * time.Second
+	var env []string
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); name != "PATH" && name != "CI" {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = append(env, "PATH="+t.TempDir(), childEnv+"=1")
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	text := string(out)
+	if err != nil || strings.Contains(text, "--- FAIL") || !strings.Contains(text, "\nPASS\n") {
+		t.Fatalf("tests %q without redis-server on PATH: %v after %v; they must skip, not fail or hang:\n%s",
+			run, err, time.Since(start).Round(time.Millisecond), text)
+	}
+	return text
 }

@@ -10,10 +10,12 @@ import (
 	"time"
 )
 
-// gone reports whether process pid no longer exists (reaped).
-func gone(pid int) bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) }
+// gone reports whether process pid no longer exists (reaped). pid must be a
+// process id: kill(0, 0) signals the caller's own process group and succeeds.
+func gone(pid int) bool { return pid > 0 && errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) }
 
 func TestStandalone(t *testing.T) {
+	Require(t)
 	var pid int
 	t.Run("server", func(t *testing.T) {
 		s := Start(t, "--maxmemory", "8mb", "--maxmemory-policy", "allkeys-lru")
@@ -49,7 +51,9 @@ func TestStandalone(t *testing.T) {
 		}
 		pid = s.PID()
 	})
-	if !gone(pid) {
+	// pid is 0 when the subtest failed before its server started: that failure
+	// is reported already.
+	if pid != 0 && !gone(pid) {
 		t.Fatalf("redis-server pid %d still runs after its test ended", pid)
 	}
 }
@@ -58,6 +62,7 @@ func TestCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a cluster")
 	}
+	Require(t)
 	var pids []int
 	t.Run("cluster", func(t *testing.T) {
 		c := StartCluster(t, 3)
@@ -133,5 +138,22 @@ func TestRequire(t *testing.T) {
 	Require(r)
 	if r.failed == "" || r.skipped != "" {
 		t.Fatalf("in CI: skipped %q, failed %q", r.skipped, r.failed)
+	}
+}
+
+// TestWithoutRedis runs this package's tests where redis-server is not
+// installed: each test that needs it skips with the reason, none fails or hangs.
+func TestWithoutRedis(t *testing.T) {
+	out := WithoutRedis(t, "", 2*time.Minute)
+	for _, name := range []string{"TestStandalone", "TestCluster", "TestClusterByHand"} {
+		if !strings.Contains(out, "--- SKIP: "+name+" ") {
+			t.Errorf("%s did not skip without redis-server", name)
+		}
+	}
+	if !strings.Contains(out, "redis-server not installed") {
+		t.Errorf("no skip says why")
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s", out)
 	}
 }

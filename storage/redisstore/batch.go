@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/zeebo/xxh3"
@@ -83,7 +82,7 @@ func (s *Store) newBatch(ctx context.Context, what string, ops []*op) *batch {
 		}
 		return b
 	}
-	now := time.Now()
+	now := s.shards.now()
 	for _, o := range b.live() {
 		sh, err := s.shardOf(b.ctx, o.name)
 		if err != nil {

@@ -59,6 +59,10 @@ type Config struct {
 	Backoff time.Duration `json:"backoff"`
 	// Logger receives shard down and up transitions. Nil means slog.Default().
 	Logger *slog.Logger `json:"-"`
+
+	// now is the clock that times shard backoffs; nil means time.Now. Tests set
+	// it to a clock they advance themselves.
+	now func() time.Time
 }
 
 // Defaults of the Config fields left zero.
@@ -131,6 +135,9 @@ func (c *Config) validate() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.now == nil {
+		c.now = time.Now
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,10 +14,14 @@ import (
 
 var bg = context.Background()
 
-// testConfig is DefaultConfig for addrs with a short backoff and a logger that
-// writes to the test's log.
+// testConfig is DefaultConfig for addrs with a short backoff, a long call
+// timeout and a logger that writes to the test's log. The call timeout is long
+// because a busy machine running -race can stall a call for seconds, and a
+// test that expects no fault must not see one for that; tests of timeouts set
+// their own.
 func testConfig(t testing.TB, addrs ...string) Config {
 	cfg := DefaultConfig(addrs...)
+	cfg.CallTimeout = 20 * time.Second
 	cfg.Backoff = 100 * time.Millisecond
 	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	return cfg
@@ -28,6 +33,31 @@ func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Helper()
 	w.t.Log(string(bytes.TrimRight(b, "\n")))
 	return len(b), nil
+}
+
+// testClock is a clock for shard backoffs (Config.now) that stands still until
+// the test advances it: a shard that failed stays skipped however slowly a busy
+// machine runs the test, and is tried again once the test moves the clock past
+// its backoff.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newTestClock() *testClock { return &testClock{now: time.Now()} }
+
+// Now is the clock's time.
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock forward by d.
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
 }
 
 // newStore opens a store and closes it when t ends.

@@ -52,6 +52,10 @@ type ShardStats struct {
 type shards struct {
 	backoff time.Duration
 	log     *slog.Logger
+	// now is the clock of backoffs: time.Now, or a test's clock that moves only
+	// when the test says, so that a shard's state does not depend on how fast a
+	// busy machine runs the test.
+	now func() time.Time
 
 	mu  sync.Mutex
 	all map[string]*shard
@@ -83,7 +87,7 @@ func (sh *shard) down(now time.Time) error {
 // failed records a failure of sh: it is skipped for the backoff, doubled for
 // each failure in a row up to 10 times.
 func (ss *shards) failed(sh *shard, err error) {
-	now := time.Now()
+	now := ss.now()
 	sh.mu.Lock()
 	sh.failures++
 	wait := ss.backoff
@@ -111,7 +115,7 @@ func (ss *shards) answered(sh *shard) {
 	sh.failures, sh.retryAt, sh.downSince, sh.lastErr = 0, time.Time{}, time.Time{}, ""
 	sh.mu.Unlock()
 	if was > 0 {
-		ss.log.Info("redis store: shard is back", "shard", sh.addr, "down_for", time.Since(since).Round(time.Millisecond), "failures", was)
+		ss.log.Info("redis store: shard is back", "shard", sh.addr, "down_for", ss.now().Sub(since).Round(time.Millisecond), "failures", was)
 	}
 }
 
@@ -123,7 +127,7 @@ func (ss *shards) stats() []ShardStats {
 	}
 	ss.mu.Unlock()
 	out := make([]ShardStats, 0, len(list))
-	now := time.Now()
+	now := ss.now()
 	for _, sh := range list {
 		sh.mu.Lock()
 		out = append(out, ShardStats{

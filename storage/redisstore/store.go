@@ -155,7 +155,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	s := &Store{
 		cfg:    cfg,
 		mode:   cfg.Mode,
-		shards: shards{backoff: cfg.Backoff, log: cfg.Logger, all: map[string]*shard{}},
+		shards: shards{backoff: cfg.Backoff, log: cfg.Logger, now: cfg.now, all: map[string]*shard{}},
 		pools:  map[string]*poolState{},
 	}
 	if s.mode == ModeAuto {
