@@ -97,7 +97,7 @@ func RunEngine(ctx context.Context, job EngineJob) (*EngineResult, error) {
 	run.trackComputed()
 	rr := RunReport{Name: RunStrata}
 	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: NewProgress(discard{}, false)}
-	err = e.replay(ctx, mine, &rr)
+	err = e.serve(ctx, mine, &rr, cfg.Concurrent)
 	res := &EngineResult{Run: rr, TTFTms: e.ttfts, CrossEngineHitTokens: run.cross,
 		ComputedPages: slices.Collect(maps.Keys(run.computed)), L3HitPages: run.l3Hits, PID: os.Getpid()}
 	return res, errors.Join(err, run.close())
@@ -211,6 +211,8 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, log *sl
 		rr.EvictedTokens.L1 += r.EvictedTokens.L1
 		rr.EvictedTokens.L2 += r.EvictedTokens.L2
 		rr.CrossEngineHitTokens += res.CrossEngineHitTokens
+		rr.Concurrency += r.Concurrency
+		rr.MaxInFlight += r.MaxInFlight // each engine's peak; together a bound
 		ttfts = append(ttfts, res.TTFTms...)
 		if r.L3 != nil {
 			if l3 == nil {

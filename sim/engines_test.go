@@ -34,9 +34,9 @@ func TestBenchL3RedisStartsALocalCluster(t *testing.T) {
 	}
 	tmp := t.TempDir()
 	t.Setenv("TMPDIR", tmp)
-	cfg := smallConfig()
+	cfg := sequential(smallConfig())
 	cfg.L3, cfg.Runs = L3Redis, []string{RunStrata}
-	cfg.L1Tokens, cfg.L2Ratio = 1024, 1
+	cfg.L1Tokens, cfg.L2Ratio = 2048, 1 // L1 holds the largest request, L1 + L2 under half the working set
 	rep, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

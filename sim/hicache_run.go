@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/stratakv/strata/hicache"
@@ -31,11 +33,16 @@ type hicacheRun struct {
 	backend  storage.Backend
 	cleanup  func() error // removes a temporary L3 directory
 	ps       int
+	l1Pages  int
 	l3       string
+	// mu guards what follows, which a concurrent replay's goroutines share.
+	mu       sync.Mutex
 	computed map[uint64]struct{} // pages (by prefix digest) this engine computed, when tracked
 	l3Hits   []uint64            // every L3 hit page's prefix digest, when tracked
 	cross    int64               // L3 hit tokens of pages another engine computed
 }
+
+var _ concurrentRun = (*hicacheRun)(nil)
 
 // trackComputed makes the run record which pages it computed and which it had
 // from L3, and count L3 hits of pages it never computed itself.
@@ -70,6 +77,7 @@ func newHicacheRun(cfg Config, withL2, withL3 bool) (h *hicacheRun, err error) {
 	}
 	specs := cfg.poolSpecs()
 	l1Pages := int(cfg.L1Tokens / int64(cfg.PageSize))
+	h.l1Pages = l1Pages
 	if h.dev, h.closeDev, err = pool.NewMemDeviceGroup(pool.GroupSpec{Pools: specs, Layout: kvlayout.LayerFirst, PageSize: cfg.PageSize, Pages: l1Pages}, alloc); err != nil {
 		return h, fmt.Errorf("L1 stand-in pools: %w", err)
 	}
@@ -91,7 +99,7 @@ func newHicacheRun(cfg Config, withL2, withL3 bool) (h *hicacheRun, err error) {
 	hc.L3.PrefetchPolicy = cfg.PrefetchPolicy
 	hc.L3.DraftPolicy = cfg.DraftPolicy
 	hc.L3.Names = pagekey.Names{ModelPrefix: cfg.Model.Name}
-	if h.cache, err = hicache.New(hc, h.dev, h.host, hicache.Options{Storage: h.backend, Logger: log}); err != nil {
+	if h.cache, err = hicache.New(hc, h.dev, h.host, hicache.Options{Storage: h.backend, Logger: log, Faults: cfg.faults}); err != nil {
 		return h, err
 	}
 	h.kv = newKVModel(h.dev, 1)
@@ -219,6 +227,7 @@ func (h *hicacheRun) admit(a *active) (bool, error) {
 	}
 	a.hitL1, a.hitL2, a.hitL3 = r.L1Tokens, r.L2Tokens, r.L3Tokens
 	if h.computed != nil {
+		h.mu.Lock()
 		for p := (r.L1Tokens + r.L2Tokens) / h.ps; p < r.HitTokens/h.ps; p++ {
 			d := a.hs[(p+1)*h.ps-1]
 			h.l3Hits = append(h.l3Hits, d)
@@ -226,6 +235,7 @@ func (h *hicacheRun) admit(a *active) (bool, error) {
 				h.cross += int64(h.ps)
 			}
 		}
+		h.mu.Unlock()
 	}
 	pages := append(append(make([]pool.PageID, 0, len(r.DevicePages)+len(fresh)), r.DevicePages...), fresh...)
 	a.state = &hicacheState{r: r, pages: pages}
@@ -278,15 +288,62 @@ func (h *hicacheRun) finish(a *active) error {
 	if h.computed != nil {
 		// The hit's pages came from the cache; the rest this engine prefilled or
 		// decoded.
+		h.mu.Lock()
 		for p := a.hit() / h.ps; (p+1)*h.ps <= len(a.tokens); p++ {
 			h.computed[a.hs[(p+1)*h.ps-1]] = struct{}{}
 		}
+		h.mu.Unlock()
 	}
 	for i := range h.kv.pools {
 		h.kv.fill(&h.kv.pools[i], a.hs, st.pages, len(a.req.Prompt), len(a.tokens))
 	}
 	return h.cache.Finish(st.r, a.tokens, st.pages)
 }
+
+// insert caches the prompt's whole pages (Cache.Insert) after prefill. Where the
+// cache already had a page, another request computed it meanwhile, and the page
+// table now names the cache's copy: it is checked as a hit page is, since the
+// request reads it from now on.
+func (h *hicacheRun) insert(a *active) error {
+	st := a.state.(*hicacheState)
+	n := (len(a.req.Prompt) + h.ps - 1) / h.ps
+	prefix, err := h.cache.Insert(st.r, a.req.Prompt, st.pages[:n])
+	if err != nil {
+		return err
+	}
+	own := st.pages[:len(prefix)]
+	var swapped []pool.PageID // the cache's pages, in place in a table of the request's own otherwise
+	for i, p := range prefix {
+		if p != own[i] {
+			if swapped == nil {
+				swapped = slices.Clone(own)
+			}
+			swapped[i] = p
+		}
+	}
+	if swapped == nil {
+		return nil
+	}
+	bad := make([]bool, len(prefix))
+	for i := range h.kv.pools {
+		h.kv.verify(&h.kv.pools[i], a.hs, swapped, len(prefix), bad)
+	}
+	for i, p := range prefix {
+		if p != own[i] {
+			a.verified++
+			if bad[i] {
+				a.corrupt++
+			}
+		}
+	}
+	copy(st.pages, prefix)
+	return nil
+}
+
+// drain waits for the cache's copies, L3 or not.
+func (h *hicacheRun) drain() error { return h.cache.Sync(context.Background()) }
+
+func (h *hicacheRun) pageGeometry() (int, int) { return h.ps, h.l1Pages }
 
 func (h *hicacheRun) report(r *RunReport) {
 	_ = h.cache.Sync(context.Background())

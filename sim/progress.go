@@ -18,7 +18,8 @@ const progressBarWidth = 30
 // otherwise, in a log or a pipe, it prints a plain line at most every 10% (and at the
 // end), so the output stays short and readable after the fact.
 //
-// A Progress is for one goroutine: the simulator's loop calls Step, nothing else.
+// A Progress is not safe for concurrent use: the simulator's loop calls Step, and
+// a concurrent replay calls it under its own lock.
 // Write errors are ignored, because a closed terminal must not stop a bench whose
 // results go to a file.
 type Progress struct {

@@ -25,6 +25,9 @@ type Report struct {
 	// Redis says which Redis the strata run used (addresses given, or the local
 	// cluster the bench started); "" for none.
 	Redis string `json:"redis,omitempty"`
+	// Concurrent is the goroutines that served the l1-only and strata runs (see
+	// Config.Concurrent); 0 for the deterministic event loop.
+	Concurrent int `json:"concurrent,omitempty"`
 	// Requests is the number of requests in the trace.
 	Requests int `json:"requests"`
 	// PromptTokens is the sum of every request's prompt length.
@@ -58,7 +61,9 @@ type RunReport struct {
 	// recomputed (EAGLE draft pool without L3).
 	DraftRecomputePages int64 `json:"draft_recompute_pages,omitempty"`
 	// TTFTms is the modelled time to first token: queueing + prefill compute of the
-	// tokens that missed + the measured time to load the tokens that hit.
+	// tokens that missed + the measured time to load the tokens that hit (and the
+	// part of the L3 prefetch that outlasted the queueing). A concurrent run models
+	// no queueing: prefill compute + measured load + measured prefetch.
 	TTFTms Quantiles `json:"ttft_ms"`
 	// LoadBack is L2→L1 traffic; Backup is L1→L2 traffic.
 	LoadBack Traffic `json:"load_back"`
@@ -69,6 +74,12 @@ type RunReport struct {
 	L3 *L3Report `json:"l3,omitempty"`
 	// Failed counts requests the run could not serve (larger than the device pool).
 	Failed int `json:"failed,omitempty"`
+	// Concurrency is the goroutines that served the run (summed over engine
+	// processes); 0 for the event loop. MaxInFlight is the most requests that held
+	// the cache at once, from match to finish (summed over engine processes: each
+	// one's peak), which shows the requests really overlapped.
+	Concurrency int `json:"concurrency,omitempty"`
+	MaxInFlight int `json:"max_in_flight,omitempty"`
 	// Engines is the number of engine processes of a multi-engine run.
 	Engines int `json:"engines,omitempty"`
 	// CrossEngineHitTokens counts L3 hit tokens of pages another engine computed.

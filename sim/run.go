@@ -100,19 +100,39 @@ type Config struct {
 	// PrefetchPolicy and DraftPolicy configure strata's L3 tier.
 	PrefetchPolicy hicache.PrefetchPolicy `json:"prefetchPolicy"`
 	DraftPolicy    hicache.DraftPolicy    `json:"draftPolicy"`
+	// Concurrent, above 0, serves the l1-only and strata runs from that many
+	// goroutines instead of the simulated engine's event loop: each takes the next
+	// request of the trace and serves it end to end (prefetch, match, load, verify,
+	// prefill, insert, finish), and nothing waits for the cache's copies between
+	// requests, so loads and backups overlap with other requests' matches, inserts
+	// and evictions, as they do in a serving engine. Every page a hit serves is
+	// still verified byte for byte: this mode is for finding concurrency bugs (run
+	// it under the race detector), and corrupt pages must stay 0. Hits depend on
+	// which request finished first, so they vary from run to run; arrival times,
+	// MaxRunning and queueing do not apply (the goroutines bound the requests in
+	// flight), and TTFT is the modelled prefill of the missed tokens plus the
+	// measured load and prefetch time. The ceiling run stays sequential. 0 is the
+	// deterministic event loop.
+	Concurrent int `json:"concurrent,omitempty"`
 	// Runs lists the configurations to replay, in order; nil means all three.
 	Runs []string `json:"runs"`
 	// Progress reports each run's progress; nil is silent.
 	Progress *Progress `json:"-"`
 	// Logger receives warnings; nil means slog.Default().
 	Logger *slog.Logger `json:"-"`
+
+	// faults injects deliberate bugs into the hicache runs' caches, for the tests
+	// that prove the verification catches them; unexported, so no bench can set
+	// it, and never passed to engine processes.
+	faults *hicache.Faults
 }
 
 // DefaultConfig is the embedded default of `strata bench`: the multiturn workload
 // on the small model with its EAGLE draft, 64-token pages, L1 of 16384 tokens (12%
-// of the default workload's 138240 distinct prefix tokens), L2 four times that (so
-// L1 + L2 hold 59% of the working set), and a node service L3 started in the
-// process with a 1 GiB arena and an SSD spill in a temporary directory.
+// of the default workload's 136128 distinct prefix tokens), L2 four times that (so
+// L1 + L2 hold 60% of the working set), and a node service L3 started in the
+// process with a 1 GiB arena and an SSD spill in a temporary directory, replayed
+// by the deterministic event loop.
 func DefaultConfig() Config {
 	m, _ := ModelByName(DefaultModel)
 	return Config{
@@ -146,6 +166,9 @@ func (c Config) Validate() error {
 	}
 	if math.IsNaN(c.L2Ratio) || c.L2Ratio < 1 || c.L2Ratio > 1024 {
 		return fmt.Errorf("L2 ratio %v: L2 must hold at least L1 (ratio >= 1; SGLang uses 2 to 4): %w", c.L2Ratio, ErrConfig)
+	}
+	if c.Concurrent < 0 || c.Concurrent > maxConcurrent {
+		return fmt.Errorf("concurrent %d: want 0 (the deterministic event loop) to %d goroutines: %w", c.Concurrent, maxConcurrent, ErrConfig)
 	}
 	if c.MaxRunning < 1 {
 		return fmt.Errorf("max running %d: want at least 1: %w", c.MaxRunning, ErrConfig)
@@ -252,6 +275,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.L3 != L3None {
 		rep.L3 = cfg.L3
 	}
+	rep.Concurrent = cfg.Concurrent
 	runs := cfg.Runs
 	if len(runs) == 0 {
 		runs = []string{RunL1Only, RunCeiling, RunStrata}
@@ -324,7 +348,13 @@ func runOne(ctx context.Context, cfg Config, name string, trace workload.Trace, 
 	}
 	progress.Start(name, len(trace.Requests))
 	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: progress}
-	err = e.replay(ctx, trace, &rr)
+	if name == RunCeiling {
+		// The ceiling is a bound on what any order of the trace can hit; it keeps
+		// the event loop.
+		err = e.replay(ctx, trace, &rr)
+	} else {
+		err = e.serve(ctx, trace, &rr, cfg.Concurrent)
+	}
 	progress.Finish()
 	return rr, errors.Join(err, run.close())
 }

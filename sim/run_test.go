@@ -15,7 +15,10 @@ import (
 )
 
 // smallConfig is a bench that runs in well under a second: 8 conversations of 4
-// rounds on the small model, L1 too small for them, L2 big enough.
+// rounds on the small model, L1 too small for them, L2 big enough. Its hicache
+// runs are served by 4 goroutines, so that every test runs the cache
+// concurrently (under -race in CI) unless it needs the event loop's
+// reproducible hits: those call sequential.
 func smallConfig() Config {
 	cfg := DefaultConfig()
 	m := workload.DefaultMultiturn()
@@ -23,11 +26,19 @@ func smallConfig() Config {
 	cfg.Workload = &m
 	cfg.L1Tokens = 2048
 	cfg.MaxRunning = 4
+	cfg.Concurrent = 4
+	return cfg
+}
+
+// sequential is cfg replayed by the deterministic event loop, for tests that
+// compare hit counts between runs or with a bound.
+func sequential(cfg Config) Config {
+	cfg.Concurrent = 0
 	return cfg
 }
 
 func TestBenchRunsAllThreeAndVerifies(t *testing.T) {
-	rep, err := Run(context.Background(), smallConfig())
+	rep, err := Run(context.Background(), sequential(smallConfig()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,11 +71,11 @@ func TestBenchRunsAllThreeAndVerifies(t *testing.T) {
 }
 
 func TestBenchIsDeterministicForASeed(t *testing.T) {
-	a, err := Run(context.Background(), smallConfig())
+	a, err := Run(context.Background(), sequential(smallConfig()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := Run(context.Background(), smallConfig())
+	b, err := Run(context.Background(), sequential(smallConfig()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +89,7 @@ func TestBenchIsDeterministicForASeed(t *testing.T) {
 // Draft KV depends on the next token; keyed by tokens alone, a hit can serve draft
 // KV computed for another continuation. The verification must see it.
 func TestTokenKeysWithADraftPoolAreCaughtAsCorrupt(t *testing.T) {
-	cfg := smallConfig()
+	cfg := sequential(smallConfig())
 	cfg.Bigram = false
 	cfg.Runs = []string{RunStrata}
 	// Rounds whose new text starts right after a page boundary of the previous
@@ -134,9 +145,11 @@ func TestRequestLargerThanL1Fails(t *testing.T) {
 }
 
 func TestBenchL3FileServesWhatL1AndL2Lost(t *testing.T) {
-	cfg := smallConfig()
-	cfg.L1Tokens, cfg.L2Ratio = 1024, 1
-	cfg.L3Dir = t.TempDir()
+	cfg := sequential(smallConfig())
+	// L1 holds the largest request; L1 and L2 together hold under half the
+	// working set.
+	cfg.L1Tokens, cfg.L2Ratio = 2048, 1
+	cfg.L3, cfg.L3Dir = L3File, t.TempDir()
 	cfg.Runs = []string{RunStrata}
 	rep, err := Run(context.Background(), cfg)
 	if err != nil {
@@ -163,7 +176,7 @@ func TestBenchL3FileServesWhatL1AndL2Lost(t *testing.T) {
 // target L2/L3 and draft L2 keep working, target L3 hits are served with the draft
 // KV recomputed, nothing is corrupt, and the report says which pool and why.
 func TestNodeRefusesTheDraftPoolByQuota(t *testing.T) {
-	cfg := smallConfig()
+	cfg := sequential(smallConfig())
 	m := workload.DefaultMultiturn()
 	m.Clients, m.Rounds, m.RequestTokens, m.OutputTokens = 12, 4, 256, 32
 	cfg.Workload = &m

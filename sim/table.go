@@ -71,6 +71,9 @@ func (r *Report) writeHeader(buf *bytes.Buffer) {
 		l3 += ", writing through to Redis (" + r.Redis + ")"
 	}
 	fmt.Fprintf(tw, "L3\t%s\n", l3)
+	if r.Concurrent > 0 {
+		fmt.Fprintf(tw, "replay\tconcurrent: %d goroutines, no wait for copies between requests (hits vary run to run)\n", r.Concurrent)
+	}
 	fmt.Fprintf(tw, "requests\t%d\n", r.Requests)
 	fmt.Fprintf(tw, "prompt tokens\t%s\n", groupDigits(r.PromptTokens))
 	fmt.Fprintf(tw, "working set\t%s tokens (distinct whole-page prefixes)\n", groupDigits(r.DistinctPrefixTokens))
@@ -151,6 +154,9 @@ func (r *Report) writeRunNotes(buf *bytes.Buffer) {
 		if run.DraftRecomputePages > 0 {
 			notes = append(notes, fmt.Sprintf("%s: %s hit pages recomputed their draft KV (draft pool without L3)",
 				run.Name, groupDigits(run.DraftRecomputePages)))
+		}
+		if run.Concurrency > 0 {
+			notes = append(notes, fmt.Sprintf("%s: %d goroutines, at most %d requests in flight at once", run.Name, run.Concurrency, run.MaxInFlight))
 		}
 		if run.Engines > 1 {
 			notes = append(notes, fmt.Sprintf("%s: %d engine processes sharing L3; %s L3 hit tokens were computed by another engine",

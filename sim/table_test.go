@@ -188,6 +188,20 @@ func TestWriteTableEdgeCases(t *testing.T) {
 			notWant: []string{"of working set", "NaN", "Inf"},
 		},
 		{
+			name: "concurrent replay",
+			report: &Report{Workload: "w", Concurrent: 8, Runs: []RunReport{
+				{Name: "ceiling"},
+				{Name: "strata", Concurrency: 8, MaxInFlight: 7},
+			}},
+			want:    []string{"concurrent: 8 goroutines", "hits vary run to run", "strata: 8 goroutines, at most 7 requests in flight at once\n"},
+			notWant: []string{"ceiling: 0 goroutines"},
+		},
+		{
+			name:    "event loop",
+			report:  &Report{Workload: "w", Runs: []RunReport{{Name: "strata"}}},
+			notWant: []string{"goroutines", "replay"},
+		},
+		{
 			name: "L3 with no faults and no pools",
 			report: &Report{Workload: "w", Runs: []RunReport{
 				{Name: "strata", L3: &L3Report{Backend: "redis"}},

@@ -37,6 +37,11 @@ func TestBadConfigs(t *testing.T) {
 		{"vocab 0", mt(func(m *Multiturn) { m.Vocab = 0 }), "Vocab"},
 		{"vocab beyond uint32", mt(func(m *Multiturn) { m.Vocab = 1<<32 + 1 }), "Vocab"},
 		{"more clients than tokens", mt(func(m *Multiturn) { m.Vocab = 10 }), "Clients"},
+		{"negative regenerate ratio", mt(func(m *Multiturn) { m.RegenerateRatio = -0.1 }), "RegenerateRatio"},
+		{"NaN edit ratio", mt(func(m *Multiturn) { m.EditRatio = math.NaN() }), "EditRatio"},
+		{"edit ratio over 1", mt(func(m *Multiturn) { m.EditRatio = 1.5 }), "EditRatio"},
+		{"negative branch ratio", mt(func(m *Multiturn) { m.BranchRatio = -1 }), "BranchRatio"},
+		{"ratios over 1 together", mt(func(m *Multiturn) { m.RegenerateRatio, m.EditRatio = 0.6, 0.5 }), "RegenerateRatio"},
 		{"too many tokens", mt(func(m *Multiturn) { m.Rounds = 1000 }), "MaxTokens"},
 		{"overflowing sizes", mt(func(m *Multiturn) { m.Clients, m.Rounds, m.Vocab = 1<<31, math.MaxInt, 1<<32 }), "MaxTokens"},
 		{"too many requests", mt(func(m *Multiturn) {

@@ -6,7 +6,10 @@
 //
 //   - multiturn: chat sessions whose every round resends the whole conversation, so
 //     a round hits only if the session's pages survived the other sessions' rounds
-//     in between (modelled on SGLang's bench_multiturn);
+//     in between (modelled on SGLang's bench_multiturn); some rounds regenerate the
+//     last answer, edit an earlier message at an arbitrary token, or branch (an
+//     agent's second request, sent with the round's own), so prompts also leave the
+//     cached conversation in the middle of a page;
 //   - shared-prefix: groups of prompts behind one long system prompt each, the case
 //     prefix caching was built for;
 //   - long-context: many questions about a few long documents, where a miss costs a

@@ -68,6 +68,9 @@ const (
 	streamTokens   = 0x7374726174612d74 // "strata-t"
 	streamOrder    = 0x7374726174612d6f // "strata-o"
 	streamArrivals = 0x7374726174612d61 // "strata-a"
+	// Multiturn's regenerations and edits: which rounds go back, and their tokens.
+	streamBranch       = 0x7374726174612d62 // "strata-b"
+	streamBranchTokens = 0x7374726174612d65 // "strata-e"
 )
 
 func newRand(seed int64, workload string, stream uint64) *rand.Rand {

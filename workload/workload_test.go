@@ -16,14 +16,22 @@ import (
 // collide often and only the generators' construction keeps prefixes apart.
 func genMultiturn(t *rapid.T) Multiturn {
 	clients := rapid.IntRange(1, 6).Draw(t, "clients")
-	return Multiturn{
+	m := Multiturn{
 		Clients:       clients,
-		Rounds:        rapid.IntRange(1, 4).Draw(t, "rounds"),
+		Rounds:        rapid.IntRange(1, 5).Draw(t, "rounds"),
 		RequestTokens: rapid.IntRange(1, 20).Draw(t, "requestTokens"),
 		OutputTokens:  rapid.IntRange(1, 10).Draw(t, "outputTokens"),
 		RequestRate:   rapid.Float64Range(0.1, 1000).Draw(t, "rate"),
 		Vocab:         rapid.IntRange(max(2, clients), 40).Draw(t, "vocab"),
 	}
+	// Half the configurations keep SGLang's straight conversations, whose working
+	// set has a closed form; the others go back.
+	if rapid.Bool().Draw(t, "goesBack") {
+		m.RegenerateRatio = rapid.Float64Range(0, 1).Draw(t, "regenerateRatio")
+		m.EditRatio = rapid.Float64Range(0, 1-m.RegenerateRatio).Draw(t, "editRatio")
+		m.BranchRatio = rapid.Float64Range(0, 1).Draw(t, "branchRatio")
+	}
+	return m
 }
 
 func genSharedPrefix(t *rapid.T) SharedPrefix {
@@ -179,46 +187,140 @@ func TestMultiturnShape(t *testing.T) {
 		seed := rapid.Int64().Draw(t, "seed")
 		tr := mustGenerate(t, m, seed)
 		checkCommon(t, tr, "multiturn", seed, m.Vocab)
-		if len(tr.Requests) != m.Clients*m.Rounds {
-			t.Fatalf("%d requests, want %d", len(tr.Requests), m.Clients*m.Rounds)
+		kinds := checkMultiturn(t, m, tr)
+		if len(tr.Requests) != m.Clients*m.Rounds+kinds["branch"] {
+			t.Fatalf("%d requests, want %d and %d branches", len(tr.Requests), m.Clients*m.Rounds, kinds["branch"])
 		}
-		bySession := make(map[[2]int]Request)
-		for i, r := range tr.Requests {
-			if r.Round != i/m.Clients {
-				t.Fatalf("request %d is round %d, want every round-%d request before any later round", i, r.Round, i/m.Clients)
-			}
-			if r.Session < 0 || r.Session >= m.Clients {
-				t.Fatalf("request %d: session %d outside [0, %d)", i, r.Session, m.Clients)
-			}
-			key := [2]int{r.Session, r.Round}
-			if _, dup := bySession[key]; dup {
-				t.Fatalf("session %d has two round-%d requests", r.Session, r.Round)
-			}
-			bySession[key] = r
-			wantPrompt := (r.Round+1)*m.RequestTokens + r.Round*m.OutputTokens
-			if len(r.Prompt) != wantPrompt || len(r.Output) != m.OutputTokens {
-				t.Fatalf("request %d (round %d): prompt %d, output %d tokens; want %d, %d",
-					i, r.Round, len(r.Prompt), len(r.Output), wantPrompt, m.OutputTokens)
-			}
-		}
-		for key, r := range bySession {
-			if key[1] == 0 {
-				continue
-			}
-			prev := bySession[[2]int{key[0], key[1] - 1}]
-			history := slices.Concat(prev.Prompt, prev.Output)
-			if !slices.Equal(r.Prompt[:len(history)], history) {
-				t.Fatalf("session %d round %d does not start with round %d's prompt and output", key[0], key[1], key[1]-1)
-			}
-		}
-		for a := range m.Clients {
-			for b := range a {
-				if n := commonPrefix(bySession[[2]int{a, 0}].Prompt, bySession[[2]int{b, 0}].Prompt); n != 0 {
-					t.Fatalf("sessions %d and %d share %d leading tokens, want 0", a, b, n)
-				}
-			}
+		if m.RegenerateRatio == 0 && kinds["regenerate"] > 0 || m.EditRatio == 0 && kinds["edit"] > 0 || m.BranchRatio == 0 && kinds["branch"] > 0 {
+			t.Fatalf("ratios %v/%v/%v gave %v", m.RegenerateRatio, m.EditRatio, m.BranchRatio, kinds)
 		}
 	})
+}
+
+// checkMultiturn checks a multiturn trace's conversations round by round and
+// counts its rounds by kind (see checkRound and checkBranch), and the edits and
+// branches that leave a conversation inside a 64-token page as "mid-page".
+func checkMultiturn(t fataler, m Multiturn, tr Trace) map[string]int {
+	t.Helper()
+	kinds := map[string]int{}
+	main := map[[2]int]Request{} // each session's own request of each round
+	for i, r := range tr.Requests {
+		if i > 0 && r.Round < tr.Requests[i-1].Round {
+			t.Fatalf("request %d is round %d after a round-%d request, want rounds in order", i, r.Round, tr.Requests[i-1].Round)
+		}
+		if r.Session < 0 || r.Session >= m.Clients {
+			t.Fatalf("request %d: session %d outside [0, %d)", i, r.Session, m.Clients)
+		}
+		if len(r.Output) != m.OutputTokens || (r.Round == 0 && len(r.Prompt) != m.RequestTokens) {
+			t.Fatalf("request %d (round %d): prompt %d, output %d tokens; want output %d (and prompt %d in round 0)",
+				i, r.Round, len(r.Prompt), len(r.Output), m.OutputTokens, m.RequestTokens)
+		}
+		key := [2]int{r.Session, r.Round}
+		own, seen := main[key]
+		if !seen {
+			main[key] = r
+			if r.Round > 0 {
+				prev, ok := main[[2]int{r.Session, r.Round - 1}]
+				if !ok {
+					t.Fatalf("request %d: session %d round %d before its round %d", i, r.Session, r.Round, r.Round-1)
+				}
+				kind, at := checkRound(t, m, prev, r)
+				kinds[kind]++
+				if kind == "edit" && at%64 != 0 {
+					kinds["mid-page"]++
+				}
+			}
+			continue
+		}
+		// A second request of a session's round is its branch, sent right after
+		// the round's own.
+		if r.Round == 0 || tr.Requests[i-1].ID != own.ID {
+			t.Fatalf("request %d: a second request of session %d round %d that is not a branch right after request %d",
+				i, r.Session, r.Round, own.ID)
+		}
+		prev := main[[2]int{r.Session, r.Round - 1}]
+		before := slices.Concat(prev.Prompt, prev.Output)
+		at := commonPrefix(r.Prompt, before)
+		if at < max(1, len(before)-m.RequestTokens-m.OutputTokens) || at >= len(before) || len(r.Prompt) != at+m.RequestTokens {
+			t.Fatalf("request %d, a branch of session %d round %d: a %d-token prompt that leaves the %d-token conversation at token %d, "+
+				"want a new message from a token of its last turn", i, r.Session, r.Round, len(r.Prompt), len(before), at)
+		}
+		kinds["branch"]++
+		if at%64 != 0 {
+			kinds["mid-page"]++
+		}
+	}
+	for round := range m.Rounds {
+		for c := range m.Clients {
+			if _, ok := main[[2]int{c, round}]; !ok {
+				t.Fatalf("session %d has no round-%d request", c, round)
+			}
+		}
+	}
+	for a := range m.Clients {
+		for b := range a {
+			if n := commonPrefix(main[[2]int{a, 0}].Prompt, main[[2]int{b, 0}].Prompt); n != 0 {
+				t.Fatalf("sessions %d and %d share %d leading tokens, want 0", a, b, n)
+			}
+		}
+	}
+	return kinds
+}
+
+// checkRound checks a conversation's round r against round r-1 and says what kind
+// of round it is, and where it leaves the conversation: "turn" (the whole
+// conversation so far and a new message), "regenerate" (the same prompt, an
+// answer that differs from its first token) or "edit" (the conversation up to a
+// token inside an earlier user message, never the first, then a different rest of
+// that message).
+func checkRound(t fataler, m Multiturn, prev, r Request) (string, int) {
+	t.Helper()
+	turn := m.RequestTokens + m.OutputTokens
+	history := slices.Concat(prev.Prompt, prev.Output)
+	n := commonPrefix(r.Prompt, history)
+	switch {
+	case n == len(history):
+		if len(r.Prompt) != len(history)+m.RequestTokens {
+			t.Fatalf("session %d round %d: prompt of %d tokens extends a %d-token conversation, want +%d",
+				r.Session, r.Round, len(r.Prompt), len(history), m.RequestTokens)
+		}
+		return "turn", n
+	case slices.Equal(r.Prompt, prev.Prompt):
+		if r.Output[0] == prev.Output[0] {
+			t.Fatalf("session %d round %d regenerates round %d's answer from the same first token", r.Session, r.Round, prev.Round)
+		}
+		return "regenerate", n
+	}
+	if n == 0 || n%turn >= m.RequestTokens || len(r.Prompt) != n/turn*turn+m.RequestTokens {
+		t.Fatalf("session %d round %d: a %d-token prompt that leaves round %d's %d-token conversation at token %d: "+
+			"not a turn, a regeneration or an edit inside a user message", r.Session, r.Round, len(r.Prompt), prev.Round, len(history), n)
+	}
+	return "edit", n
+}
+
+// Regenerations, edits and branches come in the proportions configured, and
+// edits and branches leave conversations anywhere, not at page boundaries.
+func TestMultiturnGoesBack(t *testing.T) {
+	m := Multiturn{Clients: 500, Rounds: 9, RequestTokens: 100, OutputTokens: 20,
+		RegenerateRatio: 0.2, EditRatio: 0.3, BranchRatio: 0.4, RequestRate: 10, Vocab: DefaultVocab}
+	kinds := checkMultiturn(t, m, mustGenerate(t, m, 3))
+	later := float64(m.Clients * (m.Rounds - 1)) // 4000 rounds may go back
+	for kind, want := range map[string]float64{"regenerate": m.RegenerateRatio, "edit": m.EditRatio, "branch": m.BranchRatio} {
+		// Binomial: the standard deviation of each share is under 0.008; 0.04 is 5 of it.
+		if got := float64(kinds[kind]) / later; math.Abs(got-want) > 0.04 {
+			t.Errorf("%s share %.3f, want about %.2f (%v)", kind, got, want, kinds)
+		}
+	}
+	if leave := kinds["edit"] + kinds["branch"]; float64(kinds["mid-page"]) < 0.9*float64(leave) {
+		t.Errorf("%d of %d edits and branches leave inside a 64-token page, want nearly all", kinds["mid-page"], leave)
+	}
+	// The default trace goes back too, so a prefix cache must split what it holds
+	// inside pages.
+	def := DefaultMultiturn()
+	kinds = checkMultiturn(t, def, mustGenerate(t, def, 1))
+	if kinds["regenerate"] == 0 || kinds["edit"] == 0 || kinds["branch"] == 0 || kinds["mid-page"] == 0 {
+		t.Errorf("default multiturn trace: %v; want regenerations, edits and branches, leaving inside pages", kinds)
+	}
 }
 
 // checkPrefixed checks a shared-prefix or long-context trace: groups*perGroup
@@ -359,7 +461,10 @@ func TestDefaultTracesAreStable(t *testing.T) {
 		distinct64   int64
 		digest       string
 	}{
-		{DefaultMultiturn(), 240, 399360, 138240, "a424f7afd380917a9d16173f7ba41fc5c7fbfff1de9099b715a71ae24fa4254d"},
+		{DefaultMultiturn(), 257, 357172, 136128, "915d7da0c0e58c42b28ab4818008ffb27c3691ac86ae5b498fd7b0fc23bdb3a7"},
+		// Without going back, SGLang's shape: the trace the default was before
+		// regenerations, edits and branches, token for token.
+		{straightMultiturn(), 240, 399360, 138240, "a424f7afd380917a9d16173f7ba41fc5c7fbfff1de9099b715a71ae24fa4254d"},
 		{DefaultSharedPrefix(), 384, 884736, 155648, "87a521b921828357be74834b06c5ea0e3996e7ac4825f0b025f74223dc414b1f"},
 		{DefaultLongContext(), 48, 792576, 74752, "1912ed4b00b9f07d0e0803ea71ec17f4185ecc9a18c7c014fc2e380debd11a91"},
 	}
@@ -377,6 +482,12 @@ func TestDefaultTracesAreStable(t *testing.T) {
 				"and say in the commit that benchmark results before it are not comparable", tt.g.Name(), d, tt.digest)
 		}
 	}
+}
+
+func straightMultiturn() Multiturn {
+	m := DefaultMultiturn()
+	m.RegenerateRatio, m.EditRatio, m.BranchRatio = 0, 0, 0
+	return m
 }
 
 func digest(tr Trace) string {

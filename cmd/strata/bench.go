@@ -33,6 +33,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	prefillUS := fs.Float64("prefill-us-per-token", 0, "modelled prefill time per token in microseconds (0 = the model preset's)")
 	decodeMS := fs.Float64("decode-ms", 0, "modelled decode step in milliseconds (0 = the model preset's)")
 	maxRunning := fs.Int("max-running", def.MaxRunning, "most requests the simulated engine runs at once")
+	concurrent := fs.Int("concurrent", 0, "serve the l1-only and strata runs from N goroutines, with no wait for copies between requests, to find concurrency bugs: every page is still verified, hits vary run to run (0 = the deterministic event loop)")
 	runs := fs.String("runs", "l1-only,ceiling,strata", "runs to replay, comma-separated")
 	l3 := fs.String("l3", def.L3, "strata's L3 backend: node (the node service), redis, file or none")
 	redisAddrs := fs.String("redis", "", "Redis Cluster node(s) or server, host:port,...: the L3 with --l3 redis, the node services' remote tier with --l3 node (default where needed: start a local 3-master cluster, if redis-server is installed)")
@@ -49,6 +50,10 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	// Workload shape.
 	clients := fs.Int("clients", 0, "multiturn: concurrent conversations (0 = default)")
 	rounds := fs.Int("rounds", 0, "multiturn: rounds per conversation")
+	defMT := workload.DefaultMultiturn()
+	regenerate := fs.Float64("regenerate-ratio", defMT.RegenerateRatio, "multiturn: share of later rounds that regenerate the last answer (0: none)")
+	edit := fs.Float64("edit-ratio", defMT.EditRatio, "multiturn: share of later rounds that edit an earlier message at any token, so prompts leave cached pages mid-page (0: none)")
+	branch := fs.Float64("branch-ratio", defMT.BranchRatio, "multiturn: share of later rounds that an agent also branches, with a second request that leaves the conversation mid-page (0: none)")
 	requestTokens := fs.Int("request-tokens", 0, "multiturn: new tokens per round")
 	outputTokens := fs.Int("output-tokens", 0, "tokens decoded per request")
 	rate := fs.Float64("rate", 0, "mean request arrivals per second (Poisson)")
@@ -78,6 +83,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		cfg.Model.DecodeStep = time.Duration(*decodeMS * float64(time.Millisecond))
 	}
 	cfg.Draft, cfg.Bigram, cfg.PageSize, cfg.L1Tokens, cfg.L2Ratio, cfg.MaxRunning = *draft, *bigram, *pageSize, *l1, *l2, *maxRunning
+	cfg.Concurrent = *concurrent
 	if cfg.WritePolicy, err = hicache.ParseWritePolicy(*writePolicy); err != nil {
 		return usagef("--write-policy: %w", err)
 	}
@@ -122,6 +128,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		setIf(&g.RequestTokens, *requestTokens)
 		setIf(&g.OutputTokens, *outputTokens)
 		setRate(&g.RequestRate)
+		g.RegenerateRatio, g.EditRatio, g.BranchRatio = *regenerate, *edit, *branch
 	case *workload.SharedPrefix:
 		setIf(&g.Groups, *groups)
 		setIf(&g.PromptsPerGroup, *perGroup)
