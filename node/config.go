@@ -59,6 +59,35 @@ type Config struct {
 	Allocator *hostmem.Allocator `json:"-"`
 	// Logger receives the service's log; nil means slog.Default().
 	Logger *slog.Logger `json:"-"`
+
+	// hooks let this package's tests act inside a request, where a race would
+	// otherwise be won by chance; nil outside tests.
+	hooks *hooks
+}
+
+// hooks are called, when set, at points inside request handling.
+type hooks struct {
+	// reserved runs when a put or a promotion has reserved key in the arena,
+	// before it writes the object: until it returns, the write is pending.
+	reserved func(key string)
+	// awaiting runs when a request finds key's object not readable and is about
+	// to wait for a write of it that may be pending.
+	awaiting func(key string)
+	// beforeRemoteGet runs when a get asks Redis for the objects the local tiers
+	// missed.
+	beforeRemoteGet func()
+}
+
+func (s *Server) hookReserved(key string) {
+	if h := s.cfg.hooks; h != nil && h.reserved != nil {
+		h.reserved(key)
+	}
+}
+
+func (s *Server) hookAwaiting(key string) {
+	if h := s.cfg.hooks; h != nil && h.awaiting != nil {
+		h.awaiting(key)
+	}
 }
 
 // DefaultConfig returns a service on socket with a 4 GiB arena, watermarks 0.90

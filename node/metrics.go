@@ -29,6 +29,12 @@ func newCollector(s *Server) *collector {
 	d("misses_total", "Get objects found in no tier.")
 	d("promotions_total", "Objects brought back from the spill directory into the arena.")
 	d("errors_total", "Refused items and requests, by kind.", "kind")
+	// The write-through to Redis, exported only by a service that has one.
+	d("remote_connected", "1 once the service has reached its Redis, else 0.")
+	d("remote_queued_bytes", "Object bytes waiting to be written through to Redis.")
+	d("remote_writes_total", "Objects queued for write-through, by outcome: written, failed (refused or a fault), dropped (never sent).", "result")
+	d("remote_gets_total", "Local misses looked up in Redis, by outcome: hit (served, promoted when the arena had room) or miss.", "result")
+	d("remote_faults_total", "Redis errors other than a miss.")
 	return c
 }
 
@@ -75,7 +81,21 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	n("misses_total", o.Misses)
 	n("promotions_total", o.Promotions)
 	for kind, v := range map[string]int64{"bad_range": o.BadRanges, "no_space": o.NoSpace, "corrupt": o.Corrupt,
-		"refused_registration": o.Refused, "malformed": o.Malformed, "spill": o.SpillErrors} {
+		"refused_registration": o.Refused, "malformed": o.Malformed, "spill": o.SpillErrors, "busy": o.Busy} {
 		n("errors_total", v, kind)
+	}
+	if r := st.Remote; r != nil {
+		connected := 0.0
+		if r.Connected {
+			connected = 1
+		}
+		g("remote_connected", connected)
+		g("remote_queued_bytes", float64(r.QueuedBytes))
+		n("remote_writes_total", r.Written, "written")
+		n("remote_writes_total", r.WriteFailed, "failed")
+		n("remote_writes_total", r.Dropped, "dropped")
+		n("remote_gets_total", r.Hits, "hit")
+		n("remote_gets_total", r.Misses, "miss")
+		n("remote_faults_total", r.Faults)
 	}
 }

@@ -8,12 +8,27 @@ import (
 	"github.com/stratakv/strata/node/wire"
 )
 
+// waitRemoteConnected waits until s has reached its Redis.
+func waitRemoteConnected(t *testing.T, s *Server) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for st := s.Stats().Remote; st == nil || !st.Connected; st = s.Stats().Remote {
+		if time.Now().After(deadline) {
+			t.Fatalf("the service did not reach Redis: %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // Two node services on one Redis stand for two nodes: a page put through one is a
 // hit through the other.
 func TestTwoNodesShareOneRedis(t *testing.T) {
 	redis := redistest.Start(t)
 	remote := func(c *Config) { c.RemoteAddrs = []string{redis.Addr()} }
 	a, b := start(t, remote), start(t, remote)
+	// Writes before a service reached Redis are dropped, by design: wait.
+	waitRemoteConnected(t, a)
+	waitRemoteConnected(t, b)
 	ca, cb := dial(t, a), dial(t, b)
 	ra, sa := ca.segment(1 << 20)
 	rb, sb := cb.segment(1 << 20)

@@ -15,7 +15,7 @@ type counters struct {
 	gets, arenaHits, spillHits, misses, getBytes    atomic.Int64
 	promotions, exists, removes                     atomic.Int64
 	badRanges, noSpace, corrupt, refused, malformed atomic.Int64
-	spillErrors                                     atomic.Int64
+	spillErrors, busy                               atomic.Int64
 }
 
 // Stats is the service's state: what `strata inspect` prints and /stats serves.
@@ -37,25 +37,28 @@ type Stats struct {
 
 // OpStats counts what the service did.
 type OpStats struct {
-	Puts        int64   `json:"puts"`
-	PutObjects  int64   `json:"putObjects"`
-	PutBytes    int64   `json:"putBytes"`
-	PutSkipped  int64   `json:"putSkipped"`
-	Gets        int64   `json:"gets"`
-	ArenaHits   int64   `json:"arenaHits"`
-	SpillHits   int64   `json:"spillHits"`
-	Misses      int64   `json:"misses"`
-	GetBytes    int64   `json:"getBytes"`
-	Promotions  int64   `json:"promotions"`
-	Exists      int64   `json:"exists"`
-	Removes     int64   `json:"removes"`
-	BadRanges   int64   `json:"badRanges"`
-	NoSpace     int64   `json:"noSpace"`
-	Corrupt     int64   `json:"corrupt"`
-	Refused     int64   `json:"refusedRegistrations"`
-	Malformed   int64   `json:"malformed"`
-	SpillErrors int64   `json:"spillErrors"`
-	HitRatio    float64 `json:"hitRatio"`
+	Puts        int64 `json:"puts"`
+	PutObjects  int64 `json:"putObjects"`
+	PutBytes    int64 `json:"putBytes"`
+	PutSkipped  int64 `json:"putSkipped"`
+	Gets        int64 `json:"gets"`
+	ArenaHits   int64 `json:"arenaHits"`
+	SpillHits   int64 `json:"spillHits"`
+	Misses      int64 `json:"misses"`
+	GetBytes    int64 `json:"getBytes"`
+	Promotions  int64 `json:"promotions"`
+	Exists      int64 `json:"exists"`
+	Removes     int64 `json:"removes"`
+	BadRanges   int64 `json:"badRanges"`
+	NoSpace     int64 `json:"noSpace"`
+	Corrupt     int64 `json:"corrupt"`
+	Refused     int64 `json:"refusedRegistrations"`
+	Malformed   int64 `json:"malformed"`
+	SpillErrors int64 `json:"spillErrors"`
+	// Busy counts put items answered Busy: another request was still writing
+	// the object when the request timed out, so it is not stored yet.
+	Busy     int64   `json:"busy"`
+	HitRatio float64 `json:"hitRatio"`
 }
 
 // ClientStats is one connected client.
@@ -104,7 +107,7 @@ func (s *Server) Stats() Stats {
 		Gets: c.gets.Load(), ArenaHits: c.arenaHits.Load(), SpillHits: c.spillHits.Load(), Misses: c.misses.Load(),
 		GetBytes: c.getBytes.Load(), Promotions: c.promotions.Load(), Exists: c.exists.Load(), Removes: c.removes.Load(),
 		BadRanges: c.badRanges.Load(), NoSpace: c.noSpace.Load(), Corrupt: c.corrupt.Load(), Refused: c.refused.Load(),
-		Malformed: c.malformed.Load(), SpillErrors: c.spillErrors.Load(),
+		Malformed: c.malformed.Load(), SpillErrors: c.spillErrors.Load(), Busy: c.busy.Load(),
 	}
 	if n := st.Ops.ArenaHits + st.Ops.SpillHits + st.Ops.Misses; n > 0 {
 		st.Ops.HitRatio = float64(st.Ops.ArenaHits+st.Ops.SpillHits) / float64(n)

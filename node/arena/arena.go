@@ -83,6 +83,9 @@ type object struct {
 	leases   int32
 	evicting bool // OnEvict runs on it now: its bytes must stay
 	touched  bool // acquired while evicting: recently used after all
+	// settled is closed when a pending object is committed or aborted, for
+	// writers of the same key waiting in Await.
+	settled chan struct{}
 
 	prev, next *object // lruList links
 	inLRU      bool

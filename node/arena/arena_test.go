@@ -161,8 +161,8 @@ func TestWriteOnceReadBack(t *testing.T) {
 	if _, err := a.Acquire("k", 7); !errors.Is(err, ErrNotFound) || !errors.Is(err, storage.ErrNotFound) {
 		t.Fatalf("acquire of a pending object: %v", err)
 	}
-	if a.Contains("k", 7) || a.Remove("k") {
-		t.Fatal("a pending object is visible to Contains or Remove")
+	if a.Contains("k", 7) || a.Remove("k") || a.ContainsPrefix([]string{"k"}, 7) != 0 {
+		t.Fatal("a pending object is visible to Contains, ContainsPrefix or Remove")
 	}
 	if _, err := a.Reserve("k", 7, 10000); !errors.Is(err, ErrExists) {
 		t.Fatalf("second reserve of a pending key: %v", err)
@@ -183,6 +183,21 @@ func TestWriteOnceReadBack(t *testing.T) {
 	read(t, a, "k", 7, 10000)
 	if !a.Contains("k", 7) || a.Contains("k", 8) || a.Contains("other", 7) {
 		t.Fatal("Contains is wrong")
+	}
+	for _, tc := range []struct {
+		keys   []string
+		format uint64
+		want   int
+	}{
+		{nil, 7, 0},
+		{[]string{"k", "k"}, 7, 2},
+		{[]string{"k", "other", "k"}, 7, 1},
+		{[]string{"other", "k"}, 7, 0},
+		{[]string{"k"}, 8, 0},
+	} {
+		if got := a.ContainsPrefix(tc.keys, tc.format); got != tc.want {
+			t.Fatalf("ContainsPrefix(%q, %d) = %d, want %d", tc.keys, tc.format, got, tc.want)
+		}
 	}
 	if _, err := a.Acquire("k", 8); !errors.Is(err, ErrFormat) {
 		t.Fatalf("acquire in another format: %v", err)

@@ -93,6 +93,22 @@ func (a *Arena) Contains(key string, format uint64) bool {
 	return !a.closed && o != nil && o.state == committed && o.format == format
 }
 
+// ContainsPrefix returns how many of keys, from the first, Contains would report:
+// a batch's lookups under one lock.
+func (a *Arena) ContainsPrefix(keys []string, format uint64) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return 0
+	}
+	for i, k := range keys {
+		if o := a.objects[k]; o == nil || o.state != committed || o.format != format {
+			return i
+		}
+	}
+	return len(keys)
+}
+
 // Remove deletes the committed object key and reports whether there was one. A
 // leased object disappears from the index at once (the key can be written again)
 // and its space is freed when the last lease ends. An object still being written

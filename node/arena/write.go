@@ -1,6 +1,7 @@
 package arena
 
 import (
+	"context"
 	"fmt"
 	"sync/atomic"
 
@@ -63,7 +64,7 @@ func (a *Arena) Reserve(key string, format uint64, size int64) (*Pending, error)
 			return nil, fmt.Errorf("reserve %q: %w", key, ErrExists)
 		}
 		if unit, ok := a.ext.Alloc(span / a.unit); ok {
-			o := &object{key: key, format: format, off: unit * a.unit, size: size, span: span, state: pending}
+			o := &object{key: key, format: format, off: unit * a.unit, size: size, span: span, state: pending, settled: make(chan struct{})}
 			a.objects[key] = o
 			a.pending++
 			a.pendingBytes += span
@@ -112,6 +113,7 @@ func (p *Pending) Commit() error {
 	p.done.Store(true)
 	a.pending--
 	a.pendingBytes -= o.span
+	close(o.settled)
 	if a.closed {
 		a.dropLocked(o)
 		if err := a.unmapLocked(); err != nil {
@@ -139,10 +141,45 @@ func (p *Pending) Abort() {
 	p.done.Store(true)
 	a.pending--
 	a.pendingBytes -= o.span
+	close(o.settled)
 	a.dropLocked(o)
 	if err := a.unmapLocked(); err != nil {
 		a.cfg.Logger.Warn("arena: releasing memory after close", "err", err)
 	}
+}
+
+// Await waits until no write of key is pending: the object being written under
+// key (by another request) is committed or aborted. It reports whether there was
+// such a write; when there was, the caller looks again (Acquire, or Reserve to
+// write it itself if the other writer aborted). Readers and writers that must
+// not answer "missing" or "stored" for an object that is half written use it:
+// Reserve's ErrExists and Acquire's ErrNotFound do not tell a pending write from
+// a committed object or from none. It fails with ctx's error when ctx ends first.
+//
+// The caller must not hold a Pending of its own while it waits: two writers each
+// waiting for the other's key would wait until their contexts end.
+func (a *Arena) Await(ctx context.Context, key string) (bool, error) {
+	ch := a.pendingWrite(key)
+	if ch == nil {
+		return false, nil
+	}
+	select {
+	case <-ch:
+		return true, nil
+	case <-ctx.Done():
+		return true, fmt.Errorf("wait for the write of %q: %w", key, ctx.Err())
+	}
+}
+
+// pendingWrite returns the channel that closes when the pending write of key
+// ends, or nil when none is pending.
+func (a *Arena) pendingWrite(key string) <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if o := a.objects[key]; o != nil && o.state == pending {
+		return o.settled
+	}
+	return nil
 }
 
 // dropLocked takes a pending object out of the index and frees its space.

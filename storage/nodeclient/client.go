@@ -6,7 +6,15 @@
 // memcpy, no page data on the socket. When the service restarts, the backend
 // reconnects with backoff and registers its pools again (it keeps a duplicate of
 // each memfd for that); meanwhile calls fail fast with storage.ErrUnavailable,
-// which the cache turns into misses.
+// which the cache turns into misses, and Epoch tells the cache when the client is
+// back.
+//
+// Segment ids belong to a connection: the service numbers a client's segments
+// per connection, and after a reconnect the pools may come back under each
+// other's ids. So every request is built for one connection, from the ids
+// registered on it, and is sent on that connection only; a request whose
+// connection died before it was sent is rebuilt for the new one, never sent on
+// it.
 package nodeclient
 
 import (
@@ -37,6 +45,9 @@ type Config struct {
 	// CallTimeout bounds a call that has no earlier deadline.
 	CallTimeout time.Duration `json:"callTimeout"`
 	// ReconnectMin and ReconnectMax bound the backoff between connection attempts.
+	// ReconnectMax is also how long a restarted service may wait for the client to
+	// come back: dialing a socket nobody listens on costs microseconds, so keep it
+	// well under a second.
 	ReconnectMin time.Duration `json:"reconnectMin"`
 	ReconnectMax time.Duration `json:"reconnectMax"`
 	// Logger receives connection events; nil means slog.Default().
@@ -44,10 +55,11 @@ type Config struct {
 }
 
 // DefaultConfig returns a client of the service at socket: 5 s calls, reconnects
-// every 50 ms doubling to 2 s.
+// every 50 ms doubling to 400 ms, so that a restarted service has its clients
+// back, pools registered, well within a second.
 func DefaultConfig(socket string) Config {
 	return Config{Socket: socket, ClientName: fmt.Sprintf("engine-%d", os.Getpid()), CallTimeout: 5 * time.Second,
-		ReconnectMin: 50 * time.Millisecond, ReconnectMax: 2 * time.Second}
+		ReconnectMin: 50 * time.Millisecond, ReconnectMax: 400 * time.Millisecond}
 }
 
 // Backend is a storage.Backend over the node service.
@@ -60,28 +72,59 @@ type Backend struct {
 	pending map[uint64]chan reply
 	pools   map[string]*poolReg
 	closed  bool
-	up      chan struct{} // closed while connected; replaced on disconnect
-	nextID  atomic.Uint64
+	// ready is true once conn is up with every pool registered on it; up is
+	// closed exactly then, and replaced by a fresh channel when a ready
+	// connection fails. Only the connector closes up, and only for the
+	// connection that is still conn, so a connection that dies while its pools
+	// are being registered never closes a channel twice.
+	ready  bool
+	up     chan struct{}
+	nextID atomic.Uint64
+	epoch  atomic.Uint64 // ready connections so far
 
-	stop       chan struct{}
-	wg         sync.WaitGroup
-	connects   atomic.Int64
-	disconnect atomic.Int64
+	life context.Context // canceled by Close: ends the connector's waits and handshakes
+	end  context.CancelFunc
+	wg   sync.WaitGroup
+
+	hooks hooks
 }
 
-var _ storage.Backend = (*Backend)(nil)
+// hooks let tests act at points where a race would otherwise have to be won by
+// chance. They are nil outside tests.
+type hooks struct {
+	// beforeSend runs after a batch request was built for a connection and
+	// before it is sent.
+	beforeSend func()
+}
+
+var (
+	_ storage.Backend     = (*Backend)(nil)
+	_ storage.Reconnector = (*Backend)(nil)
+)
 
 // poolReg is a registered pool: its spec, a duplicate of its memfd for
-// re-registration, and its segment id on the current connection (0 when none).
+// re-registration, and its registration on a connection.
 type poolReg struct {
-	spec    storage.PoolSpec
-	names   pagekey.Names
-	format  uint64
-	size    uint64 // the memfd's size, read once: the region may be closed while the dup lives
-	fd      int
+	spec   storage.PoolSpec
+	names  pagekey.Names
+	format uint64
+	size   uint64 // the memfd's size, read once: the region may be closed while the dup lives
+	fd     int
+	// conn is the connection the pool is registered (or being registered) on;
+	// segment, its id there (0 until the service answered), is meaningless on
+	// any other connection. refused is the service's refusal on conn.
+	conn    *wire.Conn
 	segment uint32
 	refused error
+	// users counts registrations sending fd now, so that a RegisterPool that
+	// replaces the pool, or Close, closes fd only after them: closed early, its
+	// number could be reused and another file sent to the service.
+	users sync.WaitGroup
 }
+
+// errStale reports a request built for a connection that is no longer the
+// client's: its segment ids may name other pools on the current one.
+var errStale = fmt.Errorf("node client: the connection the request was built for is gone: %w", storage.ErrUnavailable)
 
 type reply struct {
 	msg wire.Message
@@ -100,7 +143,8 @@ func New(cfg Config) (*Backend, error) {
 			cfg.CallTimeout, cfg.ReconnectMin, cfg.ReconnectMax, storage.ErrConfig)
 	}
 	b := &Backend{cfg: cfg, log: cfg.Logger, pending: map[uint64]chan reply{}, pools: map[string]*poolReg{},
-		up: make(chan struct{}), stop: make(chan struct{})}
+		up: make(chan struct{})}
+	b.life, b.end = context.WithCancel(context.Background())
 	if b.log == nil {
 		b.log = slog.Default()
 	}
@@ -129,8 +173,10 @@ func (b *Backend) WaitConnected(ctx context.Context) error {
 	}
 }
 
-// Connects is how many times the client has connected (1 + reconnects).
-func (b *Backend) Connects() int64 { return b.connects.Load() }
+// Epoch counts the connections on which the client had every pool registered
+// (storage.Reconnector): 1 once connected, one more after each reconnect. A
+// cache that stopped using L3 after a fault uses it again as soon as Epoch moves.
+func (b *Backend) Epoch() uint64 { return b.epoch.Load() }
 
 // connector connects, registers the pools, waits for the connection to fail, and
 // starts over with backoff until Close.
@@ -141,25 +187,31 @@ func (b *Backend) connector() {
 		dead, err := b.connect()
 		if err == nil {
 			backoff = b.cfg.ReconnectMin
-			b.connects.Add(1)
 			<-dead // the connection failed (or Close closed it)
-			b.disconnect.Add(1)
 		} else if !errors.Is(err, storage.ErrClosed) {
 			b.log.Debug("node client: cannot reach the node service", "socket", b.cfg.Socket, "err", err)
 		}
 		select {
-		case <-b.stop:
+		case <-b.life.Done():
 			return
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, b.cfg.ReconnectMax)
+		backoff = nextBackoff(backoff, b.cfg)
 	}
 }
 
+// nextBackoff is the wait after one more failed attempt: doubling, at most
+// ReconnectMax.
+func nextBackoff(cur time.Duration, cfg Config) time.Duration {
+	return min(2*cur, cfg.ReconnectMax)
+}
+
 // connect dials, says Hello, registers every pool, publishes the connection and
-// starts its reader; the returned channel closes when the connection fails.
+// starts its reader; the returned channel closes when the connection fails. The
+// client is ready (up closed, Epoch one more) when every pool has been
+// registered on the connection and it is still alive.
 func (b *Backend) connect() (chan struct{}, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.CallTimeout)
+	ctx, cancel := context.WithTimeout(b.life, b.cfg.CallTimeout)
 	defer cancel()
 	conn, err := wire.Dial(ctx, b.cfg.Socket)
 	if err != nil {
@@ -172,20 +224,30 @@ func (b *Backend) connect() (chan struct{}, error) {
 	if _, err := roundTrip(ctx, conn, wire.TypeHello, wire.Hello{Version: wire.Version, ClientName: b.cfg.ClientName, PID: int32(os.Getpid())}); err != nil {
 		return fail(err)
 	}
+	// Claim every pool for this connection before registering it, so that a
+	// RegisterPool meanwhile is either in this list or sees the connection.
 	b.mu.Lock()
 	regs := make([]*poolReg, 0, len(b.pools))
 	for _, p := range b.pools {
+		p.conn, p.segment, p.refused = conn, 0, nil
+		p.users.Add(1)
 		regs = append(regs, p)
 	}
 	b.mu.Unlock()
-	for _, p := range regs {
+	for i, p := range regs {
 		seg, err := registerOn(ctx, conn, p)
-		b.mu.Lock()
-		p.segment, p.refused = seg, err
-		b.mu.Unlock()
+		p.users.Done()
 		if err != nil && !errors.Is(err, storage.ErrRegistration) {
+			for _, q := range regs[i+1:] {
+				q.users.Done()
+			}
 			return fail(err)
 		}
+		b.mu.Lock()
+		if p.conn == conn {
+			p.segment, p.refused = seg, err
+		}
+		b.mu.Unlock()
 	}
 	b.mu.Lock()
 	if b.closed {
@@ -203,21 +265,38 @@ func (b *Backend) connect() (chan struct{}, error) {
 	// Pools registered while the connection was being set up missed the loop above.
 	var missed []*poolReg
 	for _, p := range b.pools {
-		if p.segment == 0 && p.refused == nil {
+		if p.conn != conn {
+			p.conn, p.segment, p.refused = conn, 0, nil
+			p.users.Add(1)
 			missed = append(missed, p)
 		}
 	}
 	b.mu.Unlock()
-	for _, p := range missed {
-		if err := b.registerLive(ctx, p); err != nil && !errors.Is(err, storage.ErrRegistration) {
-			b.log.Warn("node client: registering a pool after reconnecting failed", "pool", p.spec.Name, "err", err)
+	for i, p := range missed {
+		err := b.registerLive(ctx, p, conn)
+		p.users.Done()
+		if err != nil && !errors.Is(err, storage.ErrRegistration) {
+			for _, q := range missed[i+1:] {
+				q.users.Done()
+			}
+			// The connection died, or the service did not answer: a pool without
+			// a segment on a live connection would never be used, so start over.
+			b.log.Warn("node client: registering a pool after connecting failed; reconnecting", "pool", p.spec.Name, "err", err)
+			_ = conn.Close()
+			return dead, nil
 		}
 	}
 	b.mu.Lock()
-	close(b.up)
+	ready := b.conn == conn && !b.ready
+	var epoch uint64
+	if ready {
+		b.ready = true
+		epoch = b.epoch.Add(1)
+		close(b.up)
+	}
 	b.mu.Unlock()
-	if b.connects.Load() > 0 {
-		b.log.Info("node client: reconnected to the node service and registered its pools again", "socket", b.cfg.Socket, "pools", len(regs))
+	if epoch > 1 {
+		b.log.Info("node client: reconnected to the node service and registered its pools again", "socket", b.cfg.Socket, "pools", len(regs)+len(missed))
 	}
 	return dead, nil
 }
@@ -273,7 +352,10 @@ func (b *Backend) readLoop(conn *wire.Conn) {
 			b.mu.Lock()
 			if b.conn == conn {
 				b.conn = nil
-				b.up = make(chan struct{})
+				if b.ready {
+					b.ready = false
+					b.up = make(chan struct{})
+				}
 			}
 			waiting := b.pending
 			b.pending = map[uint64]chan reply{}
@@ -310,6 +392,13 @@ func (b *Backend) deliver(id uint64, r reply) {
 
 // call sends a request on the live connection and waits for its reply.
 func (b *Backend) call(ctx context.Context, t wire.Type, msg wire.Message, fds ...int) (wire.Message, error) {
+	return b.callOn(ctx, nil, t, msg, fds...)
+}
+
+// callOn sends a request on conn and waits for its reply; conn nil means the live
+// connection. A request for a connection that is no longer the client's is not
+// sent: it fails with errStale.
+func (b *Backend) callOn(ctx context.Context, conn *wire.Conn, t wire.Type, msg wire.Message, fds ...int) (wire.Message, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, b.cfg.CallTimeout)
@@ -323,11 +412,18 @@ func (b *Backend) call(ctx context.Context, t wire.Type, msg wire.Message, fds .
 		b.mu.Unlock()
 		return nil, fmt.Errorf("node client: %w", storage.ErrClosed)
 	}
-	conn := b.conn
-	if conn == nil {
+	switch {
+	case b.conn == nil:
 		b.mu.Unlock()
 		return nil, fmt.Errorf("node client: not connected to %s (reconnecting): %w", b.cfg.Socket, storage.ErrUnavailable)
+	case conn == nil:
+		conn = b.conn
+	case conn != b.conn:
+		b.mu.Unlock()
+		return nil, errStale
 	}
+	// Registered under the lock that checked conn: if conn fails from now on,
+	// its reader fails this call too.
 	id := b.nextID.Add(1)
 	ch := make(chan reply, 1)
 	b.pending[id] = ch
@@ -398,17 +494,19 @@ func (b *Backend) Close() error {
 	}
 	b.closed = true
 	conn := b.conn
-	close(b.stop)
+	b.end()
 	b.mu.Unlock()
 	if conn != nil {
 		_ = conn.Close()
 	}
 	b.wg.Wait()
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, p := range b.pools {
+	pools := b.pools
+	b.pools = map[string]*poolReg{}
+	b.mu.Unlock()
+	for _, p := range pools {
+		p.users.Wait() // a RegisterPool still sending it fails fast: its connection is closed
 		_ = unix.Close(p.fd)
 	}
-	b.pools = map[string]*poolReg{}
 	return nil
 }

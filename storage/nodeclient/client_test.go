@@ -1,8 +1,10 @@
 package nodeclient
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -64,7 +66,7 @@ func newClient(t *testing.T, socket string) *Backend {
 	t.Helper()
 	cfg := DefaultConfig(socket)
 	cfg.Logger = quiet
-	cfg.CallTimeout = 2 * time.Second
+	cfg.CallTimeout = 20 * time.Second // no test waits for a timeout; a busy CI machine must not hit one
 	b, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -136,64 +138,106 @@ func fill(g *pool.Group, page pool.PageID, v byte) {
 	}
 }
 
-// The service restarts under a client: calls fail fast while it is gone, and the
-// client reconnects and registers its pools again by itself.
+// samePage reports whether host page a and host page b hold the same bytes in
+// every pool of g.
+func samePage(g *pool.Group, a, b pool.PageID) error {
+	for _, p := range g.Pools() {
+		for buf := 0; buf < p.Layout().Geometry.Buffers(); buf++ {
+			x, _ := p.PageBuffer(buf, a)
+			y, _ := p.PageBuffer(buf, b)
+			if !bytes.Equal(x, y) {
+				return fmt.Errorf("pool %q buffer %d: page %d differs from page %d", p.Name(), buf, b, a)
+			}
+		}
+	}
+	return nil
+}
+
+// The service restarts under a client, several times: calls fail fast while it
+// is gone, and the client reconnects and registers its pools again by itself,
+// each pool under its own segment: what every pool puts after a restart reads
+// back byte for byte into that pool.
 func TestReconnectAfterRestart(t *testing.T) {
 	socket := filepath.Join(socketDir(t), "s")
 	s := startServer(t, socket, nil)
+	t.Cleanup(func() { s.Close() }) // the last one; Close is idempotent
 	b := newClient(t, socket)
 	defer b.Close()
-	g := testGroup(t, b, 8)
+	g := testGroup(t, b, 16)
 	ctx := context.Background()
 	for _, p := range g.Pools() {
 		if err := b.RegisterPool(ctx, storage.SpecOf(p, pagekey.Names{})); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ks := keys(4)
-	fill(g, 0, 1)
-	if errs := b.Put(ctx, "kv", ks[:1], []pool.PageID{0}); errs[0] != nil {
-		t.Fatal(errs[0])
+	ks := keys(8)
+	// roundTrip puts host page src of every pool as key k and reads it back into
+	// page dst, cleared first.
+	roundTrip := func(what string, k pagekey.Key, src, dst pool.PageID, v byte) {
+		t.Helper()
+		fill(g, src, v)
+		fill(g, dst, 0)
+		for _, p := range g.Pools() {
+			if errs := b.Put(ctx, p.Name(), []pagekey.Key{k}, []pool.PageID{src}); errs[0] != nil {
+				t.Fatalf("%s: put into %s: %v", what, p.Name(), errs[0])
+			}
+		}
+		for _, p := range g.Pools() {
+			if errs := b.Get(ctx, p.Name(), []pagekey.Key{k}, []pool.PageID{dst}); errs[0] != nil {
+				t.Fatalf("%s: get from %s: %v", what, p.Name(), errs[0])
+			}
+		}
+		if err := samePage(g, src, dst); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	roundTrip("before any restart", ks[0], 0, 1, 1)
+	if e := b.Epoch(); e != 1 {
+		t.Fatalf("Epoch = %d on the first connection, want 1", e)
+	}
+	const restarts = 3
+	for r := 1; r <= restarts; r++ {
+		s.Close()
+		// While it is down: fast failures, no hang.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			_, err := b.Exists(ctx, "kv", ks[:1])
+			if errors.Is(err, storage.ErrUnavailable) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("exists with the service down: %v", err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if errs := b.Get(ctx, "draft", ks[:1], []pool.PageID{2}); !errors.Is(errs[0], storage.ErrUnavailable) {
+			t.Fatalf("get with the service down: %v", errs[0])
+		}
+		s = startServer(t, socket, nil)
+		wait, cancel := context.WithTimeout(ctx, 10*time.Second)
+		for b.Epoch() != uint64(r+1) {
+			if wait.Err() != nil {
+				t.Fatalf("client did not reconnect after restart %d (epoch %d)", r, b.Epoch())
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if err := b.WaitConnected(wait); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		// The new service is empty: what the old one held is a miss.
+		for _, p := range g.Pools() {
+			if errs := b.Get(ctx, p.Name(), ks[:1], []pool.PageID{2}); !errors.Is(errs[0], storage.ErrNotFound) {
+				t.Fatalf("restart %d: get from %s of a key of the old service: %v, want ErrNotFound", r, p.Name(), errs[0])
+			}
+		}
+		roundTrip(fmt.Sprintf("after restart %d", r), ks[r], pool.PageID(2*r+2), pool.PageID(2*r+3), byte(16*r))
+		st := s.Stats()
+		if len(st.Clients) != 1 || len(st.Clients[0].Segments) != len(g.Pools()) {
+			t.Fatalf("after restart %d the service sees %+v", r, st.Clients)
+		}
 	}
 	s.Close()
-	// While it is down: fast failures, no hang.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		_, err := b.Exists(ctx, "kv", ks[:1])
-		if errors.Is(err, storage.ErrUnavailable) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("exists with the service down: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	s = startServer(t, socket, nil)
-	defer s.Close()
-	wait, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	for b.Connects() < 2 {
-		if wait.Err() != nil {
-			t.Fatal("client did not reconnect")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err := b.WaitConnected(wait); err != nil {
-		t.Fatal(err)
-	}
-	// The new service is empty; the client's pools work again.
-	fill(g, 1, 9)
-	if errs := b.Put(ctx, "kv", ks[1:2], []pool.PageID{1}); errs[0] != nil {
-		t.Fatalf("put after reconnect: %v", errs[0])
-	}
-	fill(g, 2, 0)
-	if errs := b.Get(ctx, "kv", ks[1:2], []pool.PageID{2}); errs[0] != nil {
-		t.Fatalf("get after reconnect: %v", errs[0])
-	}
-	st := s.Stats()
-	if len(st.Clients) != 1 || len(st.Clients[0].Segments) != 2 {
-		t.Fatalf("after reconnect the service sees %+v", st.Clients)
-	}
 }
 
 func TestMmapPoolsAreRefusedWithAdvice(t *testing.T) {

@@ -18,7 +18,8 @@ import (
 // service is reachable its answer is the result: a refusal (over the client quota,
 // a memfd it cannot use) wraps storage.ErrRegistration with the service's reason.
 // When it is not, the pool is registered as soon as the client connects, and
-// RegisterPool returns nil.
+// RegisterPool returns nil; the same when the connection is lost (or stops
+// answering) during the registration.
 func (b *Backend) RegisterPool(ctx context.Context, spec storage.PoolSpec) error {
 	if err := spec.Validate(); err != nil {
 		return fmt.Errorf("node client: register: %w", err)
@@ -41,64 +42,95 @@ func (b *Backend) RegisterPool(ctx context.Context, spec storage.PoolSpec) error
 		_ = unix.Close(dup)
 		return fmt.Errorf("node client: %w", storage.ErrClosed)
 	}
-	if old := b.pools[spec.Name]; old != nil {
+	old := b.pools[spec.Name]
+	b.pools[spec.Name] = p
+	// Claimed for the live connection in the same critical section that made it
+	// visible: the connector registers it on the next connection, never twice on
+	// this one.
+	conn := b.conn
+	p.conn = conn
+	if conn != nil {
+		p.users.Add(1)
+	}
+	b.mu.Unlock()
+	if old != nil {
+		old.users.Wait()
 		_ = unix.Close(old.fd)
 	}
-	b.pools[spec.Name] = p
-	connected := b.conn != nil
-	b.mu.Unlock()
-	if !connected {
+	if conn == nil {
 		b.log.Warn("node client: the node service is not reachable yet; the pool is registered when it is",
 			"pool", spec.Name, "socket", b.cfg.Socket)
 		return nil
 	}
-	return b.registerLive(ctx, p)
+	err = b.registerLive(ctx, p, conn)
+	p.users.Done()
+	if errors.Is(err, storage.ErrUnavailable) || errors.Is(err, storage.ErrTimeout) {
+		// The connection died (or was dropped for not answering): the next one
+		// registers the pool, as if the service had not been reachable.
+		b.log.Warn("node client: lost the node service while registering a pool; it is registered on reconnecting",
+			"pool", spec.Name, "socket", b.cfg.Socket, "err", err)
+		return nil
+	}
+	return err
 }
 
-// registerLive registers p on the live connection.
-func (b *Backend) registerLive(ctx context.Context, p *poolReg) error {
-	m, err := b.call(ctx, wire.TypeRegisterSegment, wire.RegisterSegment{Size: p.size, Name: p.spec.Name}, p.fd)
-	if err != nil {
-		if errors.Is(err, storage.ErrRegistration) || errors.Is(err, storage.ErrNotRegistered) {
-			err = fmt.Errorf("node service refused pool %q: %w: %w", p.spec.Name, err, storage.ErrRegistration)
-			b.mu.Lock()
-			p.refused = err
-			b.mu.Unlock()
+// registerLive registers p on conn, which serves replies already. A failure
+// other than a refusal closes conn: the service may have mapped the segment
+// without the client learning its id, and a reconnect registers every pool
+// afresh.
+func (b *Backend) registerLive(ctx context.Context, p *poolReg, conn *wire.Conn) error {
+	m, err := b.callOn(ctx, conn, wire.TypeRegisterSegment, wire.RegisterSegment{Size: p.size, Name: p.spec.Name}, p.fd)
+	var seg uint32
+	if err == nil {
+		if r, ok := m.(*wire.RegisterSegmentReply); ok {
+			seg = r.SegmentID
+		} else {
+			err = fmt.Errorf("node service answered %T to RegisterSegment: %w", m, storage.ErrIO)
 		}
-		return err
 	}
-	r, ok := m.(*wire.RegisterSegmentReply)
-	if !ok {
-		return fmt.Errorf("node service answered %T to RegisterSegment: %w", m, storage.ErrIO)
+	refused := errors.Is(err, storage.ErrRegistration) || errors.Is(err, storage.ErrNotRegistered)
+	if refused {
+		err = fmt.Errorf("node service refused pool %q: %w: %w", p.spec.Name, err, storage.ErrRegistration)
 	}
 	b.mu.Lock()
-	p.segment, p.refused = r.SegmentID, nil
+	mine := p.conn == conn
+	if mine {
+		p.segment, p.refused = seg, nil
+		if refused {
+			p.refused = err
+		}
+	}
 	b.mu.Unlock()
-	return nil
+	if err != nil && !refused && !errors.Is(err, errStale) && mine {
+		_ = conn.Close()
+	}
+	return err
 }
 
-// pool returns the registered pool called name and its current segment.
-func (b *Backend) pool(name string) (*poolReg, uint32, error) {
+// pool returns the registered pool called name, its segment and the connection
+// that segment id is valid on: a request built from them must go on that
+// connection only.
+func (b *Backend) pool(name string) (*poolReg, uint32, *wire.Conn, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
-		return nil, 0, fmt.Errorf("node client: %w", storage.ErrClosed)
+		return nil, 0, nil, fmt.Errorf("node client: %w", storage.ErrClosed)
 	}
 	p := b.pools[name]
 	switch {
 	case p == nil:
-		return nil, 0, fmt.Errorf("node client: pool %q: %w", name, storage.ErrNotRegistered)
-	case p.refused != nil:
-		return nil, 0, fmt.Errorf("node client: pool %q: %w: %w", name, p.refused, storage.ErrNotRegistered)
-	case b.conn == nil || p.segment == 0:
-		return nil, 0, fmt.Errorf("node client: not connected to %s (reconnecting): %w", b.cfg.Socket, storage.ErrUnavailable)
+		return nil, 0, nil, fmt.Errorf("node client: pool %q: %w", name, storage.ErrNotRegistered)
+	case p.refused != nil && p.conn == b.conn:
+		return nil, 0, nil, fmt.Errorf("node client: pool %q: %w: %w", name, p.refused, storage.ErrNotRegistered)
+	case b.conn == nil || p.conn != b.conn || p.segment == 0:
+		return nil, 0, nil, fmt.Errorf("node client: not connected to %s (reconnecting): %w", b.cfg.Socket, storage.ErrUnavailable)
 	}
-	return p, p.segment, nil
+	return p, p.segment, b.conn, nil
 }
 
 // Exists asks how many leading keys have every part stored in the pool's format.
 func (b *Backend) Exists(ctx context.Context, poolName string, keys []pagekey.Key) (int, error) {
-	p, _, err := b.pool(poolName)
+	p, _, _, err := b.pool(poolName)
 	if err != nil {
 		return 0, err
 	}
@@ -136,18 +168,49 @@ func (b *Backend) Put(ctx context.Context, poolName string, keys []pagekey.Key, 
 }
 
 func (b *Backend) batch(ctx context.Context, t wire.Type, poolName string, keys []pagekey.Key, pages []pool.PageID) []error {
-	p, seg, err := b.pool(poolName)
-	if err != nil {
-		return storage.FailAll(len(keys), err)
+	for attempt := 0; ; attempt++ {
+		p, seg, conn, err := b.pool(poolName)
+		if err != nil {
+			return storage.FailAll(len(keys), err)
+		}
+		if err := storage.CheckBatch(p.spec, keys, pages); err != nil {
+			return storage.FailAll(len(keys), fmt.Errorf("node client: %w", err))
+		}
+		if len(keys) == 0 {
+			return nil
+		}
+		msg, items := batchRequest(t, p, seg, keys, pages)
+		if b.hooks.beforeSend != nil {
+			b.hooks.beforeSend()
+		}
+		m, err := b.callOn(ctx, conn, t, msg)
+		if errors.Is(err, errStale) && attempt == 0 {
+			continue // rebuild it with the new connection's segment ids
+		}
+		if err != nil {
+			return storage.FailAll(len(keys), err)
+		}
+		parts := p.names.Parts()
+		r, ok := m.(*wire.BatchReply)
+		if !ok || len(r.Results) != items {
+			return storage.FailAll(len(keys), fmt.Errorf("node service answered %T with a wrong number of results: %w", m, storage.ErrIO))
+		}
+		out := make([]error, len(keys))
+		for i, res := range r.Results {
+			k := i / parts
+			if res.Status != wire.OK && (out[k] == nil || errors.Is(out[k], storage.ErrNotFound)) {
+				out[k] = statusError(res.Status, res.Message)
+			}
+		}
+		return out
 	}
-	if err := storage.CheckBatch(p.spec, keys, pages); err != nil {
-		return storage.FailAll(len(keys), fmt.Errorf("node client: %w", err))
-	}
-	if len(keys) == 0 {
-		return nil
-	}
-	parts := p.names.Parts()
-	items := make([]wire.Item, 0, len(keys)*parts)
+}
+
+// batchRequest builds a Get or Put of the keys' objects from and into pages of
+// p, whose segment is seg on the connection the request will go on, and says
+// how many items (object parts) it names.
+func batchRequest(t wire.Type, p *poolReg, seg uint32, keys []pagekey.Key, pages []pool.PageID) (wire.Message, int) {
+	items := make([]wire.Item, 0, len(keys)*p.names.Parts())
 	for i, k := range keys {
 		names := storage.ObjectNames(p.spec, k)
 		for part, span := range storage.Parts(p.spec, pages[i]) {
@@ -162,24 +225,8 @@ func (b *Backend) batch(ctx context.Context, t wire.Type, poolName string, keys 
 			items = append(items, wire.Item{Key: names[part], Format: p.format, Ranges: ranges})
 		}
 	}
-	var msg wire.Message = wire.Get{Items: items}
 	if t == wire.TypePut {
-		msg = wire.Put{Items: items}
+		return wire.Put{Items: items}, len(items)
 	}
-	m, err := b.call(ctx, t, msg)
-	if err != nil {
-		return storage.FailAll(len(keys), err)
-	}
-	r, ok := m.(*wire.BatchReply)
-	if !ok || len(r.Results) != len(items) {
-		return storage.FailAll(len(keys), fmt.Errorf("node service answered %T with a wrong number of results: %w", m, storage.ErrIO))
-	}
-	out := make([]error, len(keys))
-	for i, res := range r.Results {
-		k := i / parts
-		if res.Status != wire.OK && (out[k] == nil || errors.Is(out[k], storage.ErrNotFound)) {
-			out[k] = statusError(res.Status, res.Message)
-		}
-	}
-	return out
+	return wire.Get{Items: items}, len(items)
 }
