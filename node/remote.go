@@ -181,8 +181,9 @@ func (r *remoteTier) exists(ctx context.Context, keys []string, format uint64) i
 	return n
 }
 
-// fetch fills the missed items of a get from Redis: each into a fresh arena
-// extent (promoted) when there is room, else straight into the client's ranges.
+// fetchRemote fills the missed items of a get from Redis: each into a fresh
+// arena extent (promoted) when there is room, else into a buffer of the
+// service's own, and from there into the client's ranges under the fault guard.
 // results[i] is updated for every item it finds.
 func (c *session) fetchRemote(ctx context.Context, items []wire.Item, missed []int, results []wire.Result) {
 	r := c.srv.remote
@@ -193,10 +194,20 @@ func (c *session) fetchRemote(ctx context.Context, items []wire.Item, missed []i
 	type pending struct {
 		i   int
 		res resolved
-		p   *arena.Pending
+		p   *arena.Pending // nil: no room in the arena, fetched into buf
+		buf []byte
 	}
 	var objs []redisstore.Object
 	var ps []pending
+	// Items another request is writing into the arena meanwhile are read from it
+	// once this request holds no pending write of its own: waiting for them while
+	// holding ours could wait on a request that waits on us.
+	var later []int
+	defer func() {
+		for _, i := range later {
+			results[i] = c.getItem(ctx, items[i])
+		}
+	}()
 	for _, i := range missed {
 		it := items[i]
 		res, err := c.resolve(it)
@@ -204,41 +215,49 @@ func (c *session) fetchRemote(ctx context.Context, items []wire.Item, missed []i
 			continue
 		}
 		p, err := c.srv.arena.Reserve(it.Key, it.Format, res.size)
-		runs := res.runs
+		var buf []byte
 		switch {
 		case err == nil:
-			runs = [][]byte{p.Bytes()}
+			buf = p.Bytes()
 		case errors.Is(err, arena.ErrExists):
-			// Promoted by another request meanwhile: read it from the arena.
+			// Promoted or put by another request meanwhile: read it from the arena.
 			res.done()
-			results[i] = c.getItem(ctx, it)
+			later = append(later, i)
 			continue
 		default:
-			p = nil // no room: straight into the client's memory, not promoted
+			// No room: not promoted, and fetched into a buffer of the service's own,
+			// never straight into the client's memory (see bounce).
+			p, buf = nil, bounce(res.size)
 		}
-		ps = append(ps, pending{i, res, p})
-		objs = append(objs, redisstore.Object{Name: it.Key, Format: storage.Format(it.Format), Runs: runs})
+		ps = append(ps, pending{i, res, p, buf})
+		objs = append(objs, redisstore.Object{Name: it.Key, Format: storage.Format(it.Format), Runs: [][]byte{buf}})
 	}
 	if len(objs) == 0 {
 		return
+	}
+	if h := c.srv.cfg.hooks; h != nil && h.beforeRemoteGet != nil {
+		h.beforeRemoteGet() // tests: look at the counters mid-request
 	}
 	errs := st.GetObjects(ctx, objs)
 	for k, pd := range ps {
 		err := errs[k]
 		switch {
 		case err == nil:
-			if pd.p != nil {
-				copyToRuns(pd.res.runs, pd.p.Bytes())
-				if pd.p.Commit() == nil {
-					c.srv.st.promotions.Add(1)
-				}
+			cerr := copyToRuns(pd.res.runs, pd.buf)
+			// The arena's copy is whole even when the client's memory faulted:
+			// promote it for the next reader.
+			if pd.p != nil && pd.p.Commit() == nil {
+				c.srv.st.promotions.Add(1)
+			}
+			if cerr != nil {
+				results[pd.i] = c.segmentFault(items[pd.i], pd.res, cerr)
+				break
 			}
 			results[pd.i] = wire.Result{}
 			r.hits.Add(1)
 			c.objects.Add(1)
 			c.bytesOut.Add(pd.res.size)
 			c.srv.st.getBytes.Add(pd.res.size)
-			c.srv.st.misses.Add(-1) // counted as a miss by the local pass
 		default:
 			if pd.p != nil {
 				pd.p.Abort()

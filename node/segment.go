@@ -1,10 +1,13 @@
 package node
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -19,22 +22,35 @@ type segment struct {
 	fd   int
 	mem  []byte
 	refs sync.WaitGroup // requests copying to or from it
+	// faulted is set by the first copy that faulted on the segment: it is dropped
+	// once, logged once.
+	faulted atomic.Bool
 }
 
-// mapSegment checks that fd is a sealed memfd of size bytes and maps it. The seals
-// matter: a client that could shrink its memfd would make the service fault
-// (SIGBUS) when it copies; hostmem's shm allocator seals against that.
+// Filesystem magic numbers (statfs(2)) of the memory a memfd lives in.
+const (
+	tmpfsMagic     = 0x01021994
+	hugetlbfsMagic = 0x958458f6
+)
+
+// mapSegment checks that fd is shared memory (a memfd, plain or hugetlb, or a
+// tmpfs file such as /dev/shm) of size bytes and maps it. Sealing is not
+// required: SGLang's shm allocator creates its memfds with MFD_CLOEXEC only, and
+// they can never be sealed. A client that shrinks or hole-punches an unsealed
+// segment makes the service's copies fault (SIGBUS); copyFromRuns and copyToRuns
+// turn that fault into a failed request and the segment is dropped
+// (session.segmentFault), so only that client loses anything; a sealed memfd
+// never faults.
 func mapSegment(fd int, size uint64) ([]byte, error) {
 	if size == 0 || size > 1<<46 {
 		return nil, fmt.Errorf("segment of %d bytes: want 1 byte to 64 TiB", size)
 	}
 	link, _ := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
-	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
-	if err != nil || !strings.HasPrefix(link, "/memfd:") {
-		return nil, fmt.Errorf("the descriptor is %s, not a memfd: allocate host pools with the shm allocator (hostmem.Shm, which storage.HostAllocator picks for the node backend)", describeFD(link))
-	}
-	if seals&unix.F_SEAL_SHRINK == 0 {
-		return nil, fmt.Errorf("the memfd is not sealed against shrinking (seals %#x): the service would fault if it shrank; use hostmem's shm allocator, which seals its segments", seals)
+	var fs unix.Statfs_t
+	shm := unix.Fstatfs(fd, &fs) == nil && (fs.Type == tmpfsMagic || uint32(fs.Type) == hugetlbfsMagic)
+	if !shm {
+		return nil, fmt.Errorf("the descriptor is %s, not a memfd or other shared memory: allocate host pools with a shared-memory allocator "+
+			"(hostmem.Shm, which storage.HostAllocator picks for the node backend; in SGLang, \"allocator\": \"shm\" in inline JSON extra config)", describeFD(link))
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -51,7 +67,8 @@ func mapSegment(fd int, size uint64) ([]byte, error) {
 	// Map every page now: otherwise the first copy into or out of each 4 KiB page
 	// of the client's pool takes a fault in the service, and the first batches run
 	// at a third of memcpy speed. The client's pages exist already (its allocator
-	// prefaults), so this only fills the service's page tables.
+	// prefaults), so this only fills the service's page tables. A hole in an
+	// unsealed memfd makes this fail with an error, not a signal; it is harmless.
 	_ = unix.Madvise(mem, unix.MADV_POPULATE_WRITE)
 	return mem, nil
 }
@@ -130,18 +147,109 @@ func (r resolved) done() {
 	}
 }
 
-// copyFromRuns copies the runs' bytes, in order, into dst.
-func copyFromRuns(dst []byte, runs [][]byte) {
-	for _, r := range runs {
-		n := copy(dst, r)
-		dst = dst[n:]
-	}
+// copyFromRuns copies the runs' bytes, in order, into dst. The runs are a
+// client's memory: if the client shrank or hole-punched its (unsealed) memfd, the
+// copy faults, and the fault comes back as a *copyFault instead of killing the
+// service (see guard).
+func copyFromRuns(dst []byte, runs [][]byte) error {
+	return guard(func() {
+		for _, r := range runs {
+			n := copy(dst, r)
+			dst = dst[n:]
+		}
+	})
 }
 
-// copyToRuns copies src into the runs, in order.
-func copyToRuns(runs [][]byte, src []byte) {
-	for _, r := range runs {
-		n := copy(r, src)
-		src = src[n:]
+// copyToRuns copies src into the runs, in order; a fault in the client's memory
+// is returned as a *copyFault, like copyFromRuns.
+func copyToRuns(runs [][]byte, src []byte) error {
+	return guard(func() {
+		for _, r := range runs {
+			n := copy(r, src)
+			src = src[n:]
+		}
+	})
+}
+
+// bounce returns a buffer of the service's own for a tier that cannot write into
+// the arena (it has no room) to read an object into, before copyToRuns copies it
+// to the client. Only copyFromRuns and copyToRuns, under the fault guard, ever
+// touch a client's memory: another package writing there directly could fault on
+// a goroutine without the guard (redisstore reads on its own goroutines), which
+// kills the service, or have the kernel turn the fault into an EFAULT error that
+// names no segment. The extra copy is paid only when the arena is full of objects
+// being read or written, or the object is larger than the arena.
+func bounce(size int64) []byte { return make([]byte, size) }
+
+// copyFault is a memory fault (SIGBUS, SIGSEGV) at Addr during a copy.
+type copyFault struct{ Addr uintptr }
+
+func (f *copyFault) Error() string { return fmt.Sprintf("memory fault at %#x", f.Addr) }
+
+// guard runs fn with the runtime's panic-on-fault set for this goroutine, so
+// that a fault in a mapped segment panics (and is recovered here) instead of
+// crashing the process. It costs two stores and a deferred call per copy, not
+// per byte. Panics that are not memory faults are bugs and go on.
+func guard(fn func()) (err error) {
+	old := debug.SetPanicOnFault(true)
+	defer func() {
+		debug.SetPanicOnFault(old)
+		if r := recover(); r != nil {
+			f, ok := r.(interface{ Addr() uintptr })
+			if !ok {
+				panic(r)
+			}
+			err = &copyFault{Addr: f.Addr()}
+		}
+	}()
+	fn()
+	return nil
+}
+
+// segmentFault handles a copy that faulted while serving item it with ranges r:
+// it finds the client segment the fault hit, drops it (later ranges naming it
+// are refused; it is unmapped once no request uses it), logs once per segment,
+// and returns the item's failed result. A fault outside the client's segments is
+// a bug of the service and crashes it.
+func (c *session) segmentFault(it wire.Item, r resolved, err error) wire.Result {
+	var cf *copyFault
+	if !errors.As(err, &cf) {
+		return wire.Result{Status: wire.Internal, Message: wire.ClipMessage(err.Error())}
 	}
+	var seg *segment
+	for _, s := range r.segs {
+		base := uintptr(unsafe.Pointer(unsafe.SliceData(s.mem)))
+		if cf.Addr >= base && cf.Addr < base+uintptr(len(s.mem)) {
+			seg = s
+			break
+		}
+	}
+	if seg == nil {
+		panic(fmt.Sprintf("node service: memory fault at %#x outside the client's segments while serving %s", cf.Addr, it.Key))
+	}
+	off := cf.Addr - uintptr(unsafe.Pointer(unsafe.SliceData(seg.mem)))
+	why := fmt.Sprintf("segment %d %q faulted at offset %#x while serving %s: the client shrank or punched holes in its memfd; "+
+		"the segment is dropped and requests naming it fail: keep host pool memfds at their registered size "+
+		"(seal them with F_SEAL_SHRINK) and register the pool again", seg.id, seg.name, off, it.Key)
+	c.srv.st.badRanges.Add(1)
+	if seg.faulted.CompareAndSwap(false, true) {
+		c.mu.Lock()
+		if c.segments[seg.id] == seg {
+			delete(c.segments, seg.id)
+			c.registered -= int64(len(seg.mem))
+		}
+		c.refused = append(c.refused, why)
+		c.mu.Unlock()
+		c.srv.log.Warn("client segment faulted; dropped it", "client", c.id, "name", c.name, "pid", c.pid,
+			"segment", seg.name, "offset", off, "reason", why)
+		// release waits for the requests that use the segment, this one included,
+		// so it runs on its own goroutine; the session's shutdown no longer sees
+		// the segment, so it cannot release it twice.
+		c.srv.wg.Add(1)
+		go func() {
+			defer c.srv.wg.Done()
+			seg.release()
+		}()
+	}
+	return wire.Result{Status: wire.BadRange, Message: wire.ClipMessage(why)}
 }

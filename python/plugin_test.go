@@ -1,0 +1,80 @@
+// Package python_test runs the strata_sglang plugin's pytest suite from `go test`,
+// so that the README's one test command (go test -race ./...) covers the Go code
+// and the Python plugin alike. The suite itself (python/tests) tests the plugin
+// against SGLang's own classes and a real strata serve.
+package python_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// debianPython is the interpreter the plugin is tested with: Debian's python3,
+// whose python3-torch/-numpy/-pytest packages are what CI installs.
+const debianPython = "/usr/bin/python3"
+
+// needOrSkip skips with reason outside CI and fails under CI=true, where the
+// plugin's tests must run.
+func needOrSkip(t *testing.T, ok bool, reason string) {
+	t.Helper()
+	if ok {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s (CI=true: the plugin's tests must run; .ci/run installs what they need)", reason)
+	}
+	t.Skip(reason)
+}
+
+func TestPluginPytestSuite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the plugin's pytest suite starts strata serve processes")
+	}
+	_, err := os.Stat(debianPython)
+	needOrSkip(t, err == nil, debianPython+" is missing: apt-get install python3 python3-torch python3-numpy python3-pytest")
+	probe := exec.Command(debianPython, "-c", "import pytest, torch, numpy")
+	out, err := probe.CombinedOutput()
+	needOrSkip(t, err == nil, "python3 cannot import pytest, torch and numpy (apt-get install python3-torch python3-numpy python3-pytest): "+
+		lastLine(out))
+
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Build strata once here, so pytest does not need the go tool on its PATH.
+	bin := filepath.Join(t.TempDir(), "strata")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/strata")
+	build.Dir = repo
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/strata: %v\n%s", err, out)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, debianPython, "-m", "pytest", "-q", "-p", "no:cacheprovider", "python/tests")
+	cmd.Dir = repo
+	cmd.Env = append(os.Environ(), "STRATA_BIN="+bin, "PYTHONDONTWRITEBYTECODE=1")
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	err = cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("pytest python/tests did not finish in 8 minutes:\n%s", buf.String())
+	}
+	if err != nil {
+		t.Fatalf("pytest python/tests failed (%v):\n%s", err, buf.String())
+	}
+	t.Logf("pytest python/tests: %s", lastLine(buf.Bytes()))
+}
+
+// lastLine returns the last non-empty line of out: pytest's summary, or the
+// import error of a probe.
+func lastLine(out []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}

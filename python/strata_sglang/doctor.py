@@ -1,0 +1,112 @@
+"""``python -m strata_sglang doctor``: check that SGLang can use a node's strata serve."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import sys
+import time
+
+from . import wire
+from .client import Connection, StrataError
+
+FLAGS = (
+    "--enable-hierarchical-cache --hicache-storage-backend dynamic "
+    "--hicache-storage-backend-extra-config '{config}'"
+)
+
+
+def sglang_flags(socket_path: str) -> str:
+    """The SGLang flags that load the plugin against socket_path (inline JSON: it must be)."""
+    cfg = {
+        "backend_name": "strata",
+        "module_path": "strata_sglang",
+        "class_name": "StrataStorage",
+        "interface_v1": 1,
+        "allocator": "shm",
+        "socket": socket_path,
+    }
+    return FLAGS.format(config=json.dumps(cfg, separators=(",", ":")))
+
+
+def doctor(socket_path: str, timeout: float = 5.0, out=sys.stdout) -> int:
+    """Run the checks; print each; return the exit status (0 when all pass)."""
+
+    def fail(what: str, fix: str) -> int:
+        print(f"FAIL  {what}\n      fix: {fix}", file=out)
+        return 1
+
+    if not os.path.exists(socket_path):
+        return fail(
+            f"no socket at {socket_path}",
+            f"start the node service: strata serve --socket {socket_path} --arena 64GiB "
+            "(or pass the socket it listens on with --socket)",
+        )
+    t0 = time.monotonic()
+    try:
+        conn = Connection(socket_path, timeout, f"strata-doctor-{os.getpid()}")
+    except PermissionError as e:
+        return fail(
+            f"cannot connect to {socket_path}: {e}",
+            "run SGLang as the service's user, or start strata serve with --socket-mode 0660 "
+            "--socket-group GROUP and add SGLang's user to GROUP",
+        )
+    except (OSError, StrataError, wire.Malformed) as e:
+        return fail(
+            f"the node service at {socket_path} does not answer: {e}",
+            f"check that strata serve is running (strata inspect --socket {socket_path}); "
+            "a stale socket file stays after a crash: restart strata serve",
+        )
+    try:
+        try:
+            conn.call(wire.Ping(0x5354), timeout)
+        except (StrataError, wire.Malformed) as e:
+            return fail(f"ping: {e}", "restart strata serve; see its log")
+        print(
+            f"ok    the node service answers ({conn.hello.server_version}, "
+            f"{(time.monotonic() - t0) * 1e3:.1f} ms)",
+            file=out,
+        )
+        # A host pool made the way SGLang's ShmHostTensorAllocator makes it.
+        size = 1 << 20
+        fd = os.memfd_create("sglang_host_pool_doctor", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            try:
+                r = conn.call(wire.RegisterSegment(size, "doctor"), timeout, fds=[fd])
+            except (StrataError, wire.Malformed) as e:
+                return fail(
+                    f"the service refused a host pool built like SGLang's (unsealed memfd): {e}",
+                    "upgrade strata serve to a release that accepts unsealed memfds, or raise "
+                    "--client-quota if the reason is the quota",
+                )
+            print("ok    a shm host pool built the way SGLang builds it registers", file=out)
+            half = size // 2
+            data = os.urandom(64 << 10)
+            mm[: len(data)] = data
+            key = f"strata-doctor:{os.getpid()}-{os.urandom(8).hex()}"
+            rng = [wire.Range(r.segment_id, 0, len(data))]
+            back = [wire.Range(r.segment_id, half, len(data))]
+            try:
+                put = conn.call(wire.Put([wire.Item(key, 0x5354, rng)]), timeout)
+                get = conn.call(wire.Get([wire.Item(key, 0x5354, back)]), timeout)
+                conn.call(wire.Remove([key]), timeout)
+            except (StrataError, wire.Malformed) as e:
+                return fail(f"put/get round trip: {e}", "see strata serve's log")
+            if put.results[0].status != wire.OK or get.results[0].status != wire.OK:
+                return fail(
+                    f"put/get round trip: put {put.results[0]}, get {get.results[0]}",
+                    "give strata serve a larger --arena; see its log",
+                )
+            if mm[half : half + len(data)] != data:
+                return fail("put/get round trip returned other bytes", "report a bug")
+            print("ok    a put/get round trip returns the same bytes", file=out)
+            mm.close()
+        finally:
+            os.close(fd)
+    finally:
+        conn.close()
+    print("\nStart SGLang with:\n  " + sglang_flags(socket_path), file=out)
+    return 0

@@ -1,0 +1,170 @@
+"""Test setup: the plugin from this checkout, SGLang's real classes, a real strata serve.
+
+SGLang's classes come from ../shared/sglang (override with STRATA_SGLANG_DIR);
+strata serve is built from this checkout with `go build` once per session. Tests
+that need what is missing skip with a one-line reason, except under CI=true,
+where they fail.
+"""
+
+import importlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON_DIR = os.path.dirname(HERE)
+REPO = os.path.dirname(PYTHON_DIR)
+sys.path.insert(0, PYTHON_DIR)
+
+SGLANG_DIR = os.environ.get("STRATA_SGLANG_DIR") or os.path.join(REPO, "..", "shared", "sglang")
+CI = os.environ.get("CI") == "true"
+
+
+def need(ok: bool, reason: str):
+    """Skip with reason when not ok, or fail under CI=true."""
+    if ok:
+        return
+    if CI:
+        pytest.fail(reason + " (CI=true: this test must run)")
+    pytest.skip(reason)
+
+
+def _load_sglang():
+    try:
+        importlib.import_module("torch")
+    except ImportError:
+        return "torch is not installed (apt-get install python3-torch)"
+    if not os.path.isfile(os.path.join(SGLANG_DIR, "sglang_cpu_stubs.py")):
+        return f"SGLang's classes are not at {SGLANG_DIR} (set STRATA_SGLANG_DIR)"
+    if SGLANG_DIR not in sys.path:
+        sys.path.insert(0, SGLANG_DIR)
+    importlib.import_module("sglang_cpu_stubs")
+
+    return ""
+
+
+SGLANG_MISSING = _load_sglang()
+
+
+@pytest.fixture(scope="session")
+def sglang():
+    need(not SGLANG_MISSING, SGLANG_MISSING)
+
+
+@pytest.fixture(scope="session")
+def strata_bin(tmp_path_factory):
+    """strata built from this checkout."""
+    path = os.environ.get("STRATA_BIN")
+    if path:
+        return path
+    go = shutil.which("go")
+    need(go is not None, "go is not installed: cannot build strata serve")
+    out = str(tmp_path_factory.mktemp("bin") / "strata")
+    r = subprocess.run(
+        [go, "build", "-o", out, "./cmd/strata"], cwd=REPO, capture_output=True, text=True
+    )
+    assert r.returncode == 0, "go build ./cmd/strata failed:\n" + r.stderr
+    return out
+
+
+class Serve:
+    """A strata serve process on a socket of its own; restartable."""
+
+    def __init__(self, binary: str, socket_path: str, arena: str = "512MiB"):
+        self.binary = binary
+        self.socket = socket_path
+        self.arena = arena
+        self.proc = None
+        self.log = socket_path + ".log"
+
+    def start(self, wait: bool = True):
+        logf = open(self.log, "ab")
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "serve",
+                "--socket",
+                self.socket,
+                "--arena",
+                self.arena,
+                "--admin",
+                "",
+                "--log-level",
+                "warn",
+            ],
+            stdout=logf,
+            stderr=logf,
+            start_new_session=True,
+        )
+        logf.close()
+        if wait:
+            self.wait_up()
+        return self
+
+    def wait_up(self, timeout: float = 30.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"strata serve exited with {self.proc.returncode}: {self.logs()}"
+                )
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(self.socket)
+                return
+            except OSError:
+                time.sleep(0.02)
+            finally:
+                s.close()
+        raise RuntimeError("strata serve did not listen within %gs: %s" % (timeout, self.logs()))
+
+    def kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc = None
+
+    def logs(self) -> str:
+        try:
+            with open(self.log, errors="replace") as f:
+                return f.read()[-4000:]
+        except OSError:
+            return ""
+
+
+@pytest.fixture
+def sock_path():
+    d = tempfile.mkdtemp(prefix="sgl")  # short: Unix socket paths hold 107 bytes
+    yield os.path.join(d, "strata.sock")
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def serve(strata_bin, sock_path):
+    s = Serve(strata_bin, sock_path).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def stopped_serve(strata_bin, sock_path):
+    """A service not started yet: the test starts (and kills) it."""
+    s = Serve(strata_bin, sock_path)
+    yield s
+    s.stop()

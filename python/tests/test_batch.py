@@ -1,0 +1,171 @@
+"""strata_sglang.batch: vectorised ranges and encoding, checked against the
+generic codec (wire.encode_item) and SGLang's own get_page_buffer_meta."""
+
+import random
+
+import pytest
+
+from conftest import CI, SGLANG_MISSING
+
+if SGLANG_MISSING:
+    if CI:
+        pytest.fail(SGLANG_MISSING + " (CI=true: these tests must run)", pytrace=False)
+    pytest.skip(SGLANG_MISSING, allow_module_level=True)
+
+import torch  # noqa: E402 - checked above
+
+import harness  # noqa: E402
+from strata_sglang import batch, wire  # noqa: E402
+
+
+def _generic(names, fmt, sid, off, length, keep):
+    out, sizes = [], []
+    for i, name in enumerate(names):
+        ranges = [
+            wire.Range(sid[i][r], off[i][r], length[i][r]) for r in range(len(sid[i])) if keep[i][r]
+        ]
+        body = wire.encode_item(wire.Item(name.decode(), fmt, ranges))
+        item = b"\x0a" + wire.varint(len(body)) + body
+        out.append(item)
+        sizes.append(len(item))
+    return b"".join(out), sizes
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_encode_matches_the_generic_encoder(seed):
+    rnd = random.Random(seed)
+    n, r = rnd.randint(1, 40), rnd.randint(1, 9)
+    # Values across every varint length, zero offsets (left out), big segments.
+    big = [0, 1, 127, 128, 16383, 16384, (1 << 21) + 5, (1 << 35) - 1, (1 << 46) + 3]
+    sid = [[rnd.choice([1, 2, 127, 128, 70000, (1 << 32) - 1]) for _ in range(r)] for _ in range(n)]
+    off = [[rnd.choice(big) for _ in range(r)] for _ in range(n)]
+    length = [[max(1, rnd.choice(big)) for _ in range(r)] for _ in range(n)]
+    keep = [[j == 0 or rnd.random() < 0.7 for j in range(r)] for _ in range(n)]
+    same = seed % 2 == 0
+    names = [
+        ("k" * (rnd.randint(1, 300) if not same else 90 + seed) + str(i)).encode() for i in range(n)
+    ]
+    if same:
+        names = [x[-1:] * len(names[0]) for x in names]  # one length for all
+    fmt = rnd.getrandbits(64) or 1
+    fmt_field = b"\x11" + fmt.to_bytes(8, "little")
+    t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    body, sizes = batch.encode(names, fmt_field, t(sid), t(off), t(length), torch.tensor(keep))
+    want, want_sizes = _generic(names, fmt, sid, off, length, keep)
+    assert body == want
+    assert sizes.tolist() == want_sizes
+
+
+def test_split_respects_both_limits():
+    sizes = [10] * 25
+    assert batch.split(sizes, max_items=10, max_body=1000) == [
+        (0, 10, 0, 100),
+        (10, 20, 100, 200),
+        (20, 25, 200, 250),
+    ]
+    assert batch.split(sizes, max_items=100, max_body=35) == [
+        (a, min(a + 3, 25), 10 * a, 10 * min(a + 3, 25)) for a in range(0, 25, 3)
+    ]
+    with pytest.raises(wire.Malformed):
+        batch.split([5, 50], max_items=10, max_body=40)
+
+
+def test_plan_places_runs_and_merges_adjacent_ones():
+    bases, ends = torch.tensor([1000, 5000]), torch.tensor([2000, 6000])
+    # Two pages of 2 parts x 3 runs, SGLang's order (run-major, part-minor).
+    ptrs = torch.tensor(
+        [
+            [1000, 1500, 1010, 1520, 1020, 1600],  # part 0 runs adjacent: one range
+            [5000, 1995, 5100, 1700, 5200, 1800],  # a run past a segment's end
+        ]
+    )
+    sizes = torch.full((2, 6), 10)
+    seg, off, length, keep, good = batch.plan_pages(ptrs, sizes, 2, bases, ends)
+    assert good.tolist() == [True, False]
+    assert keep[0].tolist() == [[True, False, False], [True, True, True]]
+    assert length[0].tolist() == [[30, 0, 0], [10, 10, 10]]
+    assert off[0].tolist() == [[0, 10, 20], [500, 520, 600]]
+    assert seg[1, 0].tolist() == [1, 1, 1]
+    assert batch.plan_pages(ptrs[:, :5], sizes[:, :5], 2, bases, ends) is None
+
+
+@pytest.mark.parametrize(
+    "kind,layout",
+    [
+        ("mha", "layer_first"),
+        ("mha", "page_first"),
+        ("mha", "page_first_direct"),
+        ("mha", "page_head"),
+        ("mla", "layer_first"),
+        ("mla", "page_first"),
+        ("mla", "page_first_direct"),
+    ],
+)
+def test_page_model_agrees_with_sglang(sglang, kind, layout):
+    pool = harness.host_pool(kind, layout)
+    model = batch.PageModel(pool, pool.page_size)
+    assert model.ok
+    pages = [5, 0, 31, 7, 7, 2]
+    idx = harness.indices(pool, pages)
+    ptrs, sizes = model.pointers(idx, len(pages))
+    want, want_sizes = batch.meta_pointers(pool, idx, len(pages))
+    assert ptrs.tolist() == want.tolist() and sizes.tolist() == want_sizes.tolist()
+
+
+class _Bent:
+    """A host pool whose pointers are not affine in the page number."""
+
+    page_size, size = 4, 64
+
+    def get_page_buffer_meta(self, indices):
+        idx = indices.tolist()
+        ptrs = [4096 + (i // 4) ** 2 * 64 for i in idx[:: self.page_size]]
+        return ptrs, [64] * len(ptrs)
+
+
+def test_page_model_refuses_pointers_it_cannot_predict():
+    host = _Bent()
+    assert not batch.PageModel(host, 4).ok
+    # A model whose pool changes under it is caught by the per-batch check.
+    model = batch.PageModel(host, 4)
+    model.ok, model.pages = True, 16
+    model.a, model.b, model.sizes = torch.tensor([4096]), torch.tensor([64]), torch.tensor([64])
+    idx = torch.arange(8, 12)
+    assert model.pointers(idx, 1) is None and not model.ok
+    assert batch.meta_pointers(host, idx, 1)[0].tolist() == [[4096 + 4 * 64]]
+
+
+def test_keys_ok_agrees_with_the_per_key_check():
+    from strata_sglang.storage import _key_ok, _keys_ok
+
+    good = harness.keys(5)
+    cases = [
+        good,
+        [],
+        good + [""],
+        good[:2] + ["a\x7f"] + good,
+        good[:3] + ["é"] + good,
+        good[:1] + ["tab\there"] + good,
+        good + ["x" * 400, "x" * 401],
+        good[:2] + [None] + good,
+        ["short", "a much longer key than the others", "~ !"],
+    ]
+    for keys in cases:
+        want = next((i for i, k in enumerate(keys) if not _key_ok(k)), len(keys))
+        assert _keys_ok(keys) == want, keys
+
+
+@pytest.mark.parametrize("kind,model", [("mha", "org/model-1"), ("mla", "m" * 150)])
+def test_exists_body_matches_the_generic_encoder(sglang, kind, model):
+    from strata_sglang.storage import StrataStorage
+
+    cfg = harness.storage_config("/nonexistent/strata.sock", model=model, connect_wait_s=0)
+    b = StrataStorage(cfg, {})
+    try:
+        b.register_mem_pool_host(harness.host_pool(kind, "page_first"))
+        pool = b._pool("kv")
+        for keys in (harness.keys(7), ["k1", "key-2", harness.keys(1)[0]]):
+            names = [pool.prefix + k + x for k in keys for x in pool.suffixes]
+            assert pool.exists_body(keys) == wire.encode_body(wire.Exists(names, pool.format))
+    finally:
+        b.close()

@@ -1,0 +1,141 @@
+"""The plugin's codec against the Go codec's golden frames (node/wire/golden_test.go)."""
+
+import json
+import os
+
+import pytest
+
+from strata_sglang import wire
+
+GOLDEN = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)),
+    "..",
+    "..",
+    "node",
+    "wire",
+    "testdata",
+    "golden",
+)
+
+
+def _manifest():
+    with open(os.path.join(GOLDEN, "manifest.json")) as f:
+        return json.load(f)
+
+
+def _message(typ, fields):
+    """Build the plugin's message of type typ from the manifest's fields."""
+    cls = wire.MESSAGE_CLASSES[typ]
+    if typ in (wire.PUT, wire.GET):
+        items = [
+            wire.Item(
+                it["key"],
+                it["format"],
+                [wire.Range(r["segment"], r["offset"], r["length"]) for r in it["ranges"]],
+            )
+            for it in fields["items"]
+        ]
+        return cls(items)
+    if typ == wire.BATCH_REPLY:
+        return cls([wire.Result(r["status"], r["message"]) for r in fields["results"]])
+    if typ == wire.STATS_REPLY:
+        return cls(fields["json"].encode())
+    return cls(**fields)
+
+
+def _read(*parts):
+    with open(os.path.join(GOLDEN, *parts), "rb") as f:
+        return f.read()
+
+
+CASES = _manifest()["frames"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_go_frames_decode_and_encode_to_the_same_bytes(case):
+    frame = _read("go", case["name"] + ".bin")
+    h, msg = wire.parse_frame(frame)
+    want = _message(case["type"], case["msg"])
+    assert (h.type, h.id) == (case["type"], case["id"])
+    assert msg == want
+    assert wire.encode_frame(case["id"], want) == frame
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_plugin_frames_for_go(case):
+    """Writes (STRATA_UPDATE_GOLDEN=1) or checks the frames Go's test decodes."""
+    frame = wire.encode_frame(case["id"], _message(case["type"], case["msg"]))
+    path = os.path.join(GOLDEN, "py", case["name"] + ".bin")
+    if os.environ.get("STRATA_UPDATE_GOLDEN") == "1":
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(frame)
+    with open(path, "rb") as f:
+        assert f.read() == frame
+
+
+MALFORMED = _manifest()["malformed"]
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+def test_malformed_frames_are_rejected(name):
+    with pytest.raises(wire.Malformed):
+        wire.parse_frame(_read("malformed", name + ".bin"))
+
+
+def test_encoder_refuses_what_the_protocol_forbids():
+    bad = [
+        wire.Put([wire.Item("", 1, [wire.Range(1, 0, 1)])]),
+        wire.Put([wire.Item("k\n", 1, [wire.Range(1, 0, 1)])]),
+        wire.Put([wire.Item("k", 1, [])]),
+        wire.Put([wire.Item("k", 1, [wire.Range(1, 0, 0)])]),
+        wire.Put([wire.Item("k", 1, [wire.Range(1, 0, 1)] * (wire.MAX_RANGES + 1))]),
+        wire.Get([wire.Item("k", 1, [wire.Range(1, (1 << 64) - 1, 1)])]),
+        wire.Exists(["k"] * (wire.MAX_ITEMS + 1)),
+        wire.RegisterSegment(0, "kv"),
+        wire.Error(wire.OK, "no"),
+    ]
+    for m in bad:
+        with pytest.raises(wire.Malformed):
+            wire.encode_frame(1, m)
+
+
+def test_every_truncation_of_a_reply_is_rejected_or_shorter():
+    """A reply cut anywhere never decodes to more than the original held."""
+    frame = _read("go", "batch_reply.bin")
+    for cut in range(len(frame)):
+        with pytest.raises(wire.Malformed):
+            wire.parse_frame(frame[:cut])
+
+
+def _generic_batch_reply(body):
+    """The BatchReply the field-by-field decoder makes of body, or Malformed."""
+    m = wire._decode(wire.BATCH_REPLY, body)
+    wire.validate(m)
+    return m
+
+
+def test_batch_reply_fast_path_agrees_with_the_generic_decoder():
+    ok, miss = b"\x0a\x00", b"\x0a\x02\x08\x01"
+    with_message = wire.encode_body(wire.BatchReply([wire.Result(wire.BAD_RANGE, "why")]))
+    bodies = [
+        b"",
+        ok * 256,
+        ok * wire.MAX_ITEMS,
+        ok * (wire.MAX_ITEMS + 1),  # too many: Malformed
+        miss * 3 + ok * 2 + b"\x0a\x02\x08\x09",
+        ok + with_message + miss,  # a message: the generic decoder's
+        b"\x0a\x02\x08\x00" + ok,  # status 0 written out
+        ok + b"\x0a\x02\x08\x0a",  # unknown status: Malformed
+        ok + b"\x0a",  # truncated: Malformed
+        ok + b"\x0a\x02\x08",  # truncated: Malformed
+        b"\x12\x00" + ok,  # another field: skipped
+    ]
+    for body in bodies:
+        try:
+            want = _generic_batch_reply(body)
+        except wire.Malformed:
+            with pytest.raises(wire.Malformed):
+                wire.decode(wire.BATCH_REPLY, body)
+            continue
+        assert wire.decode(wire.BATCH_REPLY, body) == want, body
