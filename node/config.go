@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stratakv/strata/hostmem"
+	"github.com/stratakv/strata/node/wire"
 )
 
 // Config shapes a node service. Start from DefaultConfig; `strata serve` fills it
@@ -44,11 +45,59 @@ type Config struct {
 	// RemoteQueueBytes bounds the bytes waiting to be written through; beyond it
 	// writes are dropped (and counted) rather than queued.
 	RemoteQueueBytes int64 `json:"remote-queue"`
+	// RemoteUsername and RemotePasswordFile authenticate with Redis (AUTH): an ACL
+	// user, or the default user's requirepass when RemoteUsername is empty. The
+	// password is read from the file (trailing newline trimmed), never from a flag,
+	// so that it stays out of ps and the environment.
+	RemoteUsername     string `json:"remote-username"`
+	RemotePasswordFile string `json:"remote-password-file"`
+	// RemoteTLS talks TLS to Redis, verifying the servers against RemoteTLSCAFile
+	// (PEM; "" means the system roots) and the name RemoteTLSServerName ("" means
+	// the host of each address). Setting either of those implies RemoteTLS.
+	RemoteTLS           bool   `json:"remote-tls"`
+	RemoteTLSCAFile     string `json:"remote-tls-ca"`
+	RemoteTLSServerName string `json:"remote-tls-server-name"`
+	// TenantGroups lists groups of uids that share one object namespace (every
+	// engine of a deployment); every other uid has a namespace of its own, so
+	// users sharing the socket cannot read, remove or poison each other's
+	// objects. Clients running as the service's own user, and any group that
+	// includes it, share the unprefixed namespace.
+	TenantGroups [][]int `json:"tenant-groups"`
+	// MaxRegisteredBytes bounds the memory all clients together may register
+	// (mapped into the service); a registration over it is refused. 0: no bound
+	// beyond each client's quota.
+	MaxRegisteredBytes int64 `json:"max-registered"`
 	// ClientQuotaBytes bounds the memory one client may register (its host pools);
 	// a registration over it is refused, and that pool runs without L3.
 	ClientQuotaBytes int64 `json:"client-quota"`
 	// MaxClients bounds concurrent clients.
 	MaxClients int `json:"max-clients"`
+	// MaxClientsPerUID bounds the connections of one Unix user (SO_PEERCRED), so
+	// that one user's idle or runaway connections cannot take every slot from the
+	// others (a deployment whose engines all run as one user and open more
+	// connections raises it); 0 means MaxClients.
+	MaxClientsPerUID int `json:"max-clients-per-uid"`
+	// MaxSegmentsPerClient bounds the segments one client may register: each
+	// holds a descriptor and a mapping in the service, and the quota counts bytes,
+	// so many small segments could otherwise run the service out of descriptors.
+	MaxSegmentsPerClient int `json:"max-segments-per-client"`
+	// HelloTimeout bounds the wait for a new connection's Hello: a connection
+	// that never introduces itself is closed and its slot freed.
+	HelloTimeout time.Duration `json:"hello-timeout"`
+	// FrameTimeout bounds the rest of a frame once its first byte arrived: a
+	// client that sends part of a request and stalls is disconnected.
+	FrameTimeout time.Duration `json:"frame-timeout"`
+	// IdleTimeout, when positive, disconnects a client that sent nothing for that
+	// long and has no request in flight (a well-behaved client reconnects on its
+	// own); 0 keeps idle clients connected.
+	IdleTimeout time.Duration `json:"idle-timeout"`
+	// RequestMemoryBytes is a node-wide budget for the memory of requests in
+	// flight (received frames, decoded items, replies). A request beyond it waits
+	// up to RequestTimeout for memory to free up, then is answered busy.
+	RequestMemoryBytes int64 `json:"request-memory"`
+	// AdminStats is what the admin port's /stats serves: "full" (every client
+	// with its name, pid, uid and segments), "counts" (totals only) or "off".
+	AdminStats string `json:"admin-stats"`
 	// CopyWorkers is how many goroutines copy the objects of one batch at once; one
 	// core copies at about half the machine's memory bandwidth.
 	CopyWorkers int `json:"copy-workers"`
@@ -65,6 +114,13 @@ type Config struct {
 	hooks *hooks
 }
 
+// What the admin port's /stats serves (Config.AdminStats).
+const (
+	AdminStatsFull   = "full"
+	AdminStatsCounts = "counts"
+	AdminStatsOff    = "off"
+)
+
 // hooks are called, when set, at points inside request handling.
 type hooks struct {
 	// reserved runs when a put or a promotion has reserved key in the arena,
@@ -73,6 +129,12 @@ type hooks struct {
 	// awaiting runs when a request finds key's object not readable and is about
 	// to wait for a write of it that may be pending.
 	awaiting func(key string)
+	// statsLimit, when positive, replaces the frame limit the Stats document
+	// is kept under.
+	statsLimit int
+	// admitted runs when a batch request was admitted under the request memory
+	// budget, on the goroutine that handles it, before it is handled.
+	admitted func(t wire.Type)
 	// beforeRemoteGet runs when a get asks Redis for the objects the local tiers
 	// missed.
 	beforeRemoteGet func()
@@ -91,22 +153,29 @@ func (s *Server) hookAwaiting(key string) {
 }
 
 // DefaultConfig returns a service on socket with a 4 GiB arena, watermarks 0.90
-// and 0.85, no spill, a 64 GiB per-client quota and an admin port on a free
-// loopback port.
+// and 0.85, no spill, a 64 GiB per-client quota, 64 segments per client, 128
+// connections per user, 10 s Hello and frame timeouts, no idle timeout, 256 MiB
+// of request memory and an admin port on a free loopback port serving full stats.
 func DefaultConfig(socket string) Config {
 	return Config{
-		Socket:           socket,
-		SocketMode:       0o600,
-		Admin:            "127.0.0.1:0",
-		ArenaBytes:       4 << 30,
-		HighWatermark:    0.90,
-		LowWatermark:     0.85,
-		SpillBytes:       64 << 30,
-		ClientQuotaBytes: 64 << 30,
-		RemoteQueueBytes: 1 << 30,
-		MaxClients:       256,
-		CopyWorkers:      2,
-		RequestTimeout:   30 * time.Second,
+		Socket:               socket,
+		SocketMode:           0o600,
+		Admin:                "127.0.0.1:0",
+		ArenaBytes:           4 << 30,
+		HighWatermark:        0.90,
+		LowWatermark:         0.85,
+		SpillBytes:           64 << 30,
+		ClientQuotaBytes:     64 << 30,
+		RemoteQueueBytes:     1 << 30,
+		MaxClients:           256,
+		MaxClientsPerUID:     128,
+		MaxSegmentsPerClient: 64,
+		HelloTimeout:         10 * time.Second,
+		FrameTimeout:         10 * time.Second,
+		RequestMemoryBytes:   256 << 20,
+		AdminStats:           AdminStatsFull,
+		CopyWorkers:          2,
+		RequestTimeout:       30 * time.Second,
 	}
 }
 
@@ -127,6 +196,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("spill capacity %d bytes: want positive: %w", c.SpillBytes, ErrConfig)
 	case len(c.RemoteAddrs) > 0 && c.RemoteQueueBytes <= 0:
 		return fmt.Errorf("remote queue of %d bytes: want positive: %w", c.RemoteQueueBytes, ErrConfig)
+	case c.MaxRegisteredBytes < 0:
+		return fmt.Errorf("max registered %d bytes: want 0 (no node-wide bound) or more: %w", c.MaxRegisteredBytes, ErrConfig)
 	case c.ClientQuotaBytes <= 0:
 		return fmt.Errorf("client quota %d bytes: want positive: %w", c.ClientQuotaBytes, ErrConfig)
 	case c.MaxClients < 1:
@@ -135,6 +206,16 @@ func (c Config) Validate() error {
 		return fmt.Errorf("copy workers %d: want 1 to 64: %w", c.CopyWorkers, ErrConfig)
 	case c.RequestTimeout <= 0:
 		return fmt.Errorf("request timeout %v: want positive: %w", c.RequestTimeout, ErrConfig)
+	case c.MaxClientsPerUID < 0:
+		return fmt.Errorf("max clients per uid %d: want 0 (max clients) or more: %w", c.MaxClientsPerUID, ErrConfig)
+	case c.MaxSegmentsPerClient < 1:
+		return fmt.Errorf("max segments per client %d: want at least 1: %w", c.MaxSegmentsPerClient, ErrConfig)
+	case c.HelloTimeout <= 0 || c.FrameTimeout <= 0 || c.IdleTimeout < 0:
+		return fmt.Errorf("hello timeout %v, frame timeout %v, idle timeout %v: want positive (idle: 0 for none): %w", c.HelloTimeout, c.FrameTimeout, c.IdleTimeout, ErrConfig)
+	case c.RequestMemoryBytes < wire.MaxBody:
+		return fmt.Errorf("request memory %d bytes: want at least one largest frame, %d bytes: %w", c.RequestMemoryBytes, wire.MaxBody, ErrConfig)
+	case c.AdminStats != AdminStatsFull && c.AdminStats != AdminStatsCounts && c.AdminStats != AdminStatsOff:
+		return fmt.Errorf("admin stats %q: want %q, %q or %q: %w", c.AdminStats, AdminStatsFull, AdminStatsCounts, AdminStatsOff, ErrConfig)
 	}
 	return nil
 }

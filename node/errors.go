@@ -7,3 +7,7 @@ var ErrConfig = errors.New("invalid node service configuration")
 
 // ErrClosed reports use of a closed service.
 var ErrClosed = errors.New("node service closed")
+
+// errMemoryBusy reports a request that found the request memory budget full
+// for as long as it could wait.
+var errMemoryBusy = errors.New("request memory budget full")

@@ -29,6 +29,10 @@ func newCollector(s *Server) *collector {
 	d("misses_total", "Get objects found in no tier.")
 	d("promotions_total", "Objects brought back from the spill directory into the arena.")
 	d("errors_total", "Refused items and requests, by kind.", "kind")
+	d("accepting", "1 while the socket accepts new clients, 0 while accepting fails (out of descriptors).")
+	d("connections_total", "Connections that were not served to their end, by why: rejected (client limits), timed_out (hello, frame or idle timeout), accept_error (failed accepts, retried).", "result")
+	d("request_memory_bytes", "Request memory held by requests in flight.")
+	d("request_memory_limit_bytes", "The request memory budget (--request-memory).")
 	// The write-through to Redis, exported only by a service that has one.
 	d("remote_connected", "1 once the service has reached its Redis, else 0.")
 	d("remote_queued_bytes", "Object bytes waiting to be written through to Redis.")
@@ -84,6 +88,17 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		"refused_registration": o.Refused, "malformed": o.Malformed, "spill": o.SpillErrors, "busy": o.Busy} {
 		n("errors_total", v, kind)
 	}
+	accepting := 0.0
+	if st.Accepting {
+		accepting = 1
+	}
+	g("accepting", accepting)
+	n("connections_total", o.Rejected, "rejected")
+	n("connections_total", o.TimedOut, "timed_out")
+	n("connections_total", o.AcceptErrors, "accept_error")
+	n("errors_total", o.MemoryBusy, "memory_busy")
+	g("request_memory_bytes", float64(st.RequestMemory.UsedBytes))
+	g("request_memory_limit_bytes", float64(st.RequestMemory.LimitBytes))
 	if r := st.Remote; r != nil {
 		connected := 0.0
 		if r.Connected {

@@ -2,7 +2,13 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +26,7 @@ import (
 // pages.
 type remoteTier struct {
 	s     *Server
+	cfg   redisstore.Config
 	store atomic.Pointer[redisstore.Store] // nil until connected
 
 	mu          sync.Mutex
@@ -43,8 +50,8 @@ type remoteJob struct {
 // remoteBatch is the most objects one write-through pipeline carries.
 const remoteBatch = 64
 
-func newRemoteTier(s *Server) *remoteTier {
-	r := &remoteTier{s: s}
+func newRemoteTier(s *Server, cfg redisstore.Config) *remoteTier {
+	r := &remoteTier{s: s, cfg: cfg}
 	r.cond = sync.NewCond(&r.mu)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.wg.Add(3)
@@ -60,11 +67,17 @@ func (r *remoteTier) connect() {
 	defer r.wg.Done()
 	backoff := 100 * time.Millisecond
 	for {
-		cfg := redisstore.DefaultConfig(r.s.cfg.RemoteAddrs...)
-		cfg.Logger = r.s.log
 		ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
-		st, err := redisstore.New(ctx, cfg)
+		st, err := redisstore.New(ctx, r.cfg)
 		cancel()
+		if errors.Is(err, storage.ErrConfig) {
+			// Refused credentials or TLS: retrying cannot help, and a WARN every
+			// few seconds forever hides it. Said once, loudly; the service serves
+			// its own tiers.
+			r.s.log.Error("node service: Redis refused the connection's configuration; not writing through: fix --remote-username, --remote-password-file or the --remote-tls settings and restart",
+				"addrs", r.s.cfg.RemoteAddrs, "err", err)
+			return
+		}
 		if err == nil {
 			r.store.Store(st)
 			r.s.log.Info("node service: writing through to Redis", "addrs", r.s.cfg.RemoteAddrs)
@@ -157,6 +170,7 @@ func (r *remoteTier) write(jobs []remoteJob) {
 	}
 	for _, err := range errs {
 		if err != nil {
+			r.s.log.Debug("write-through to Redis failed", "err", err)
 			r.writeFailed.Add(1)
 			if storage.FaultKind(err) != "" {
 				r.faults.Add(1)
@@ -299,4 +313,39 @@ func (r *remoteTier) stats() *RemoteStats {
 	return &RemoteStats{Addrs: r.s.cfg.RemoteAddrs, Connected: r.store.Load() != nil, QueuedBytes: q,
 		Written: r.written.Load(), WriteFailed: r.writeFailed.Load(), Dropped: r.dropped.Load(),
 		Hits: r.hits.Load(), Misses: r.misses.Load(), Faults: r.faults.Load()}
+}
+
+// remoteConfig is the Redis store configuration of cfg's remote tier: its
+// addresses, its credentials (the password read from RemotePasswordFile) and
+// its TLS settings. A file it cannot read is a configuration error, reported
+// at start rather than as a Redis that never answers.
+func remoteConfig(cfg Config, log *slog.Logger) (redisstore.Config, error) {
+	rc := redisstore.DefaultConfig(cfg.RemoteAddrs...)
+	rc.Logger = log
+	rc.Username = cfg.RemoteUsername
+	if cfg.RemotePasswordFile != "" {
+		raw, err := os.ReadFile(cfg.RemotePasswordFile)
+		if err != nil {
+			return rc, fmt.Errorf("--remote-password-file: %v: %w", err, ErrConfig)
+		}
+		rc.Password = strings.TrimRight(string(raw), "\r\n")
+		if rc.Password == "" {
+			return rc, fmt.Errorf("--remote-password-file %s is empty: put the Redis password in it: %w", cfg.RemotePasswordFile, ErrConfig)
+		}
+	}
+	if cfg.RemoteTLS || cfg.RemoteTLSCAFile != "" || cfg.RemoteTLSServerName != "" {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.RemoteTLSServerName}
+		if cfg.RemoteTLSCAFile != "" {
+			pem, err := os.ReadFile(cfg.RemoteTLSCAFile)
+			if err != nil {
+				return rc, fmt.Errorf("--remote-tls-ca: %v: %w", err, ErrConfig)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return rc, fmt.Errorf("--remote-tls-ca %s holds no PEM certificate: give the CA that signed the Redis servers' certificates: %w", cfg.RemoteTLSCAFile, ErrConfig)
+			}
+		}
+		rc.TLS = tc
+	}
+	return rc, nil
 }

@@ -66,11 +66,39 @@ func mapSegment(fd int, size uint64) ([]byte, error) {
 	mem := unsafe.Slice((*byte)(p), int(size))
 	// Map every page now: otherwise the first copy into or out of each 4 KiB page
 	// of the client's pool takes a fault in the service, and the first batches run
-	// at a third of memcpy speed. The client's pages exist already (its allocator
-	// prefaults), so this only fills the service's page tables. A hole in an
-	// unsealed memfd makes this fail with an error, not a signal; it is harmless.
-	_ = unix.Madvise(mem, unix.MADV_POPULATE_WRITE)
+	// at a third of memcpy speed. Only when the memfd is fully backed, though: its
+	// pages exist (the client's allocator prefaults), so this only fills the
+	// service's page tables. On a sparse memfd (ftruncate only) populating would
+	// allocate the client's memory on the service's account, seconds per GiB, and
+	// can get the service OOM-killed in its memory cgroup; such a segment takes
+	// its faults on first use instead, each charged where the client put it.
+	if fullyBacked(&st, size) {
+		_ = unix.Madvise(mem, unix.MADV_POPULATE_WRITE)
+	}
 	return mem, nil
+}
+
+// fullyBacked reports whether the file st describes has a block allocated for
+// each of its size bytes (st_blocks counts 512-byte units, for tmpfs and
+// hugetlbfs alike).
+func fullyBacked(st *unix.Stat_t, size uint64) bool {
+	return st.Blocks >= 0 && uint64(st.Blocks)*512 >= size
+}
+
+// chargeRegistered counts size more bytes of registered memory against
+// Config.MaxRegisteredBytes, or says why not (and counts nothing).
+func (s *Server) chargeRegistered(name string, size int64) string {
+	limit := s.cfg.MaxRegisteredBytes
+	for {
+		cur := s.registeredBytes.Load()
+		if limit > 0 && cur+size > limit {
+			return fmt.Sprintf("segment %q of %d bytes would bring the node service to %d bytes of registered memory, over its --max-registered of %d: "+
+				"raise it, or run fewer or smaller host pools on this node; this pool runs without L3", name, size, cur+size, limit)
+		}
+		if s.registeredBytes.CompareAndSwap(cur, cur+size) {
+			return ""
+		}
+	}
 }
 
 func describeFD(link string) string {
@@ -237,8 +265,9 @@ func (c *session) segmentFault(it wire.Item, r resolved, err error) wire.Result 
 		if c.segments[seg.id] == seg {
 			delete(c.segments, seg.id)
 			c.registered -= int64(len(seg.mem))
+			c.srv.registeredBytes.Add(-int64(len(seg.mem)))
 		}
-		c.refused = append(c.refused, why)
+		c.noteRefusedLocked(why)
 		c.mu.Unlock()
 		c.srv.log.Warn("client segment faulted; dropped it", "client", c.id, "name", c.name, "pid", c.pid,
 			"segment", seg.name, "offset", off, "reason", why)

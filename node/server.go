@@ -16,9 +16,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +31,7 @@ import (
 	"github.com/stratakv/strata/node/wire"
 	"github.com/stratakv/strata/storage"
 	"github.com/stratakv/strata/storage/file"
+	"github.com/stratakv/strata/storage/redisstore"
 )
 
 // MaxBatchObjects is the most objects one Put or Get may name (128 pages of up to
@@ -48,11 +52,26 @@ type Server struct {
 
 	mu       sync.Mutex
 	sessions map[uint64]*session
+	perUID   map[int]int // connections by peer uid
 	closed   bool
+	done     chan struct{} // closed by Close: ends the accept loop's backoff
 	nextID   atomic.Uint64
 	wg       sync.WaitGroup
 
 	st counters
+	// acceptErr is the latest failed accept, nil once an accept worked:
+	// /healthz reports it while it is recent.
+	acceptErr atomic.Pointer[acceptFailure]
+	mem       *memBudget
+	logs      *logLimiter
+	// statsLimit bounds the Stats document a client gets (the frame limit).
+	statsLimit int
+
+	// tenants maps client uids to object namespaces (tenant.go).
+	tenants tenants
+	// registeredBytes is the memory every client together registered, bounded
+	// by Config.MaxRegisteredBytes (segment.go).
+	registeredBytes atomic.Int64
 }
 
 // New starts a service: it maps the arena, opens the spill directory, listens on
@@ -61,11 +80,27 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, sessions: map[uint64]*session{}, started: time.Now()}
+	s := &Server{cfg: cfg, log: cfg.Logger, sessions: map[uint64]*session{}, perUID: map[int]int{}, started: time.Now(),
+		done: make(chan struct{}), mem: newMemBudget(cfg.RequestMemoryBytes), statsLimit: wire.MaxBody - 64<<10}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	s.logs = newLogLimiter(s.log, time.Minute, 10)
+	if cfg.hooks != nil && cfg.hooks.statsLimit > 0 {
+		s.statsLimit = cfg.hooks.statsLimit
+	}
 	var err error
+	if s.tenants, err = newTenants(cfg.TenantGroups, os.Getuid()); err != nil {
+		return nil, err
+	}
+	// Read the Redis credentials and CA first: a missing file is a
+	// configuration error, found before the arena is mapped.
+	var rc redisstore.Config
+	if len(cfg.RemoteAddrs) > 0 {
+		if rc, err = remoteConfig(cfg, s.log); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.SpillDir != "" {
 		fc := file.DefaultConfig(cfg.SpillDir)
 		fc.CapacityBytes = cfg.SpillBytes
@@ -89,7 +124,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	if len(cfg.RemoteAddrs) > 0 {
-		s.remote = newRemoteTier(s)
+		s.remote = newRemoteTier(s, rc)
 	}
 	if s.ln, err = wire.Listen(cfg.Socket, cfg.SocketMode, gid); err != nil {
 		s.closeRemote()
@@ -140,6 +175,7 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
+	close(s.done)
 	sessions := make([]*session, 0, len(s.sessions))
 	for _, c := range s.sessions {
 		sessions = append(sessions, c)
@@ -162,41 +198,127 @@ func (s *Server) Close() error {
 
 func (s *Server) accept() {
 	defer s.wg.Done()
+	var backoff time.Duration
 	for {
 		uc, err := s.ln.AcceptUnix()
 		if err != nil {
-			s.mu.Lock()
-			closed := s.closed
-			s.mu.Unlock()
-			if !closed {
+			select {
+			case <-s.done:
+				return
+			default:
+			}
+			if !temporaryAccept(err) {
+				s.acceptErr.Store(&acceptFailure{err: err, at: time.Now(), fatal: true})
 				s.log.Error("accept on the node socket failed; no new clients", "err", err)
+				return
 			}
-			return
-		}
-		c := &session{srv: s, conn: wire.NewConn(uc), segments: map[uint32]*segment{}}
-		s.mu.Lock()
-		if s.closed || len(s.sessions) >= s.cfg.MaxClients {
-			full := !s.closed
-			s.mu.Unlock()
-			if full {
-				_ = c.conn.Send(context.Background(), wire.TypeError, 0, wire.Error{Code: wire.Busy,
-					Message: fmt.Sprintf("the node service has its %d clients; raise --max-clients", s.cfg.MaxClients)})
+			// Out of descriptors or memory: the clients already connected keep
+			// working, and new ones are accepted again once some are freed.
+			// Stopping here would lock every new client out for good.
+			s.acceptErr.Store(&acceptFailure{err: err, at: time.Now()})
+			s.st.acceptErrors.Add(1)
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.logs.warn("accept on the node socket failed; retrying (raise the descriptor limit, ulimit -n, or lower --max-clients and --max-segments-per-client)",
+				"err", err, "retry_in", backoff)
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-s.done:
+				t.Stop()
+				return
 			}
-			_ = c.conn.Close()
 			continue
 		}
-		c.id = s.nextID.Add(1)
-		s.sessions[c.id] = c
-		s.mu.Unlock()
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			c.serve()
-			s.mu.Lock()
-			delete(s.sessions, c.id)
-			s.mu.Unlock()
-		}()
+		backoff = 0
+		s.acceptErr.Store(nil)
+		s.admit(uc)
 	}
+}
+
+// temporaryAccept reports whether an accept error passes: the service ran out
+// of descriptors or memory, or the connection went away before it was accepted.
+func temporaryAccept(err error) bool {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return false
+	}
+	switch errno {
+	case syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.EINTR, syscall.EPROTO, syscall.EPERM:
+		return true
+	}
+	return false
+}
+
+// admit starts a session for a new connection, or answers busy and closes it
+// when the service or the peer's user has all the connections it may have.
+func (s *Server) admit(uc *net.UnixConn) {
+	c := &session{srv: s, conn: wire.NewConn(uc), segments: map[uint32]*segment{}, uid: -1}
+	if pid, uid, _, err := c.conn.PeerCred(); err == nil {
+		c.pid, c.uid = pid, uid
+	}
+	perUID := s.cfg.MaxClientsPerUID
+	if perUID == 0 {
+		perUID = s.cfg.MaxClients
+	}
+	s.mu.Lock()
+	var why string
+	switch {
+	case s.closed:
+	case len(s.sessions) >= s.cfg.MaxClients:
+		why = fmt.Sprintf("the node service has its %d clients; raise --max-clients", s.cfg.MaxClients)
+	case s.perUID[c.uid] >= perUID:
+		why = fmt.Sprintf("user %d has its %d connections to the node service; close idle ones or raise --max-clients-per-uid", c.uid, perUID)
+	}
+	if s.closed || why != "" {
+		s.mu.Unlock()
+		if why != "" {
+			s.st.rejected.Add(1)
+			s.logs.warn("connection refused", "uid", c.uid, "pid", c.pid, "reason", why)
+			// A short bound: the accept loop must not wait on a client that does
+			// not read.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = c.conn.Send(ctx, wire.TypeError, 0, wire.Error{Code: wire.Busy, Message: why})
+			cancel()
+		}
+		_ = c.conn.Close()
+		return
+	}
+	c.id = s.nextID.Add(1)
+	s.sessions[c.id] = c
+	s.perUID[c.uid]++
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		c.serve()
+		s.mu.Lock()
+		delete(s.sessions, c.id)
+		if s.perUID[c.uid]--; s.perUID[c.uid] <= 0 {
+			delete(s.perUID, c.uid)
+		}
+		s.mu.Unlock()
+	}()
+}
+
+// acceptFailure is a failed accept on the socket.
+type acceptFailure struct {
+	err   error
+	at    time.Time
+	fatal bool // the accept loop stopped
+}
+
+// acceptFailureFresh is how long a failed accept makes the service unhealthy.
+// While descriptors stay exhausted and a client waits, accept fails again at
+// least every second (the backoff's bound); a failure older than this was for
+// a client that went away, and the next client may well be accepted.
+const acceptFailureFresh = 5 * time.Second
+
+// health reports why the service is not healthy, or nil.
+func (s *Server) health() error {
+	if f := s.acceptErr.Load(); f != nil && (f.fatal || time.Since(f.at) < acceptFailureFresh) {
+		return fmt.Errorf("the node socket cannot accept new clients: %w", f.err)
+	}
+	return nil
 }
 
 // spillOne is the arena's eviction hook: write the object to the spill directory.
@@ -229,16 +351,26 @@ func (s *Server) startAdmin() error {
 	reg.MustRegister(newCollector(s))
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := s.health(); err != nil {
+			http.Error(w, "unhealthy: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
-	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(s.Stats())
-	})
+	if s.cfg.AdminStats != AdminStatsOff {
+		mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) {
+			st := s.Stats()
+			if s.cfg.AdminStats == AdminStatsCounts {
+				st = st.counts()
+			}
+			w.Header().Set("Content-Type", "application/json")
+			enc := json.NewEncoder(w)
+			enc.SetIndent("", "  ")
+			_ = enc.Encode(st)
+		})
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	s.admin = &http.Server{Handler: loopbackHost(mux), ReadHeaderTimeout: 5 * time.Second}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -247,6 +379,26 @@ func (s *Server) startAdmin() error {
 		}
 	}()
 	return nil
+}
+
+// loopbackHost serves only requests whose Host names the loopback interface:
+// a web page the operator's browser opens elsewhere could otherwise reach the
+// admin port through DNS rebinding (a name of the attacker's that resolves to
+// 127.0.0.1), and read /stats.
+func loopbackHost(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if hh, _, err := net.SplitHostPort(host); err == nil {
+			host = hh
+		}
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+		ip := net.ParseIP(host)
+		if !strings.EqualFold(host, "localhost") && (ip == nil || !ip.IsLoopback()) {
+			http.Error(w, fmt.Sprintf("Host %q is not a loopback name: the admin port serves only localhost, 127.0.0.1 and ::1", r.Host), http.StatusMisdirectedRequest)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func serverVersion() string {

@@ -2,22 +2,65 @@ package node
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/stratakv/strata/node/arena"
 	"github.com/stratakv/strata/node/wire"
 	"github.com/stratakv/strata/storage"
+	"github.com/stratakv/strata/storage/file"
 )
 
 // maxInflight bounds the requests of one client handled at once.
 const maxInflight = 8
+
+// maxRefused is how many refusals a session keeps the reasons of, for Stats;
+// beyond it they are only counted.
+const maxRefused = 16
+
+// noteRefusedLocked records why a registration was refused or a segment dropped;
+// c.mu is held.
+func (c *session) noteRefusedLocked(why string) {
+	if len(c.refused) >= maxRefused {
+		c.refusedOmitted++
+		return
+	}
+	c.refused = append(c.refused, why)
+}
+
+// recv reads the client's next frame. Before Hello the whole Hello must arrive
+// within HelloTimeout; after it, with an IdleTimeout, a client with no request in
+// flight must send something within it; and a frame that started must end within
+// FrameTimeout (the Conn's frame timeout). Otherwise a client that connects and
+// says nothing, or sends part of a frame, would hold its slot for ever.
+func (c *session) recv(helloBy time.Time) (wire.Header, wire.Message, []int, error) {
+	cfg := &c.srv.cfg
+	for {
+		ctx, cancel := context.Background(), context.CancelFunc(func() {})
+		switch {
+		case !c.hello.Load():
+			// From the connection's start, not per frame: a client that sends
+			// other frames first does not get more time.
+			ctx, cancel = context.WithDeadline(ctx, helloBy)
+		case cfg.IdleTimeout > 0:
+			ctx, cancel = context.WithTimeout(ctx, cfg.IdleTimeout)
+		}
+		h, msg, fds, err := c.conn.Recv(ctx)
+		cancel()
+		// Waiting on its own requests is not idle. (If a frame timed out instead,
+		// the connection is unusable and the next Recv says so.)
+		if err != nil && c.hello.Load() && errors.Is(err, context.DeadlineExceeded) && c.inflight.Load() > 0 {
+			continue
+		}
+		return h, msg, fds, err
+	}
+}
 
 // session is one client's connection: its identity, its segments, its counters.
 type session struct {
@@ -33,7 +76,17 @@ type session struct {
 	segments   map[uint32]*segment
 	nextSeg    uint32
 	registered int64
-	refused    []string
+	// ns is the namespace of the client's objects (tenant.go): a prefix of every
+	// key it names, set from its uid before the first request.
+	ns      string
+	refused []string
+	// refusedOmitted counts refusals beyond the first maxRefused kept.
+	refusedOmitted int64
+	// inflight counts the client's batch requests being handled.
+	inflight atomic.Int64
+	// held is the request memory the gate took for the frame being received;
+	// the read loop hands it to the request's handler or gives it back.
+	held int64
 
 	ops, objects, bytesIn, bytesOut atomic.Int64
 }
@@ -49,34 +102,60 @@ func (c *session) serve() {
 		c.segments = map[uint32]*segment{}
 		c.mu.Unlock()
 		for _, s := range segs {
+			c.srv.registeredBytes.Add(-int64(len(s.mem)))
 			s.release()
 		}
 		c.srv.log.Info("client gone", "client", c.id, "name", c.name, "pid", c.pid)
 	}()
-	if pid, uid, _, err := c.conn.PeerCred(); err == nil {
+	pid, uid, _, err := c.conn.PeerCred()
+	if err == nil {
 		c.pid, c.uid = pid, uid
 	}
-	ctx := context.Background()
+	c.ns = c.srv.tenants.namespace(uid, err == nil, c.id)
+	c.conn.SetFrameTimeout(c.srv.cfg.FrameTimeout)
+	c.conn.SetGate(c.admitFrame)
+	helloBy := time.Now().Add(c.srv.cfg.HelloTimeout)
 	for {
-		h, msg, fds, err := c.conn.Recv(ctx)
+		h, msg, fds, err := c.recv(helloBy)
+		cost := c.held
+		c.held = 0
 		if err != nil {
+			c.srv.mem.release(cost)
 			var me *wire.MessageError
+			if errors.As(err, &me) && errors.Is(me.Err, errMemoryBusy) {
+				c.srv.st.memoryBusy.Add(1)
+				c.reply(me.Header.ID, wire.TypeError, wire.Error{Code: wire.Busy, Message: wire.ClipMessage(me.Err.Error())})
+				continue
+			}
 			if errors.As(err, &me) {
 				c.srv.st.malformed.Add(1)
 				c.reply(me.Header.ID, wire.TypeError, wire.Error{Code: wire.Internal, Message: wire.ClipMessage("malformed request: " + me.Err.Error())})
 				continue
 			}
-			if !errors.Is(err, io.EOF) && !errors.Is(err, wire.ErrClosed) {
+			switch {
+			case errors.Is(err, context.DeadlineExceeded):
+				c.srv.st.timedOut.Add(1)
+				c.srv.logs.info("client disconnected: no Hello, an unfinished frame or idle past its timeout (--hello-timeout, --frame-timeout, --idle-timeout)",
+					"client", c.id, "name", c.name, "pid", c.pid, "uid", c.uid, "err", err)
+			case !errors.Is(err, io.EOF) && !errors.Is(err, wire.ErrClosed):
 				c.srv.st.malformed.Add(1)
-				c.srv.log.Warn("client connection broken", "client", c.id, "name", c.name, "err", err)
+				c.srv.logs.warn("client connection broken", "client", c.id, "name", c.name, "err", err)
 			}
 			return
 		}
+		switch msg.(type) {
+		case *wire.Exists, *wire.Put, *wire.Get, *wire.Remove:
+		default:
+			c.srv.mem.release(cost) // nothing, unless a bug gated another type
+			cost = 0
+		}
 		if _, ok := msg.(*wire.Hello); !ok && !c.hello.Load() {
+			c.srv.mem.release(cost)
 			closeFDs(fds)
 			c.reply(h.ID, wire.TypeError, wire.Error{Code: wire.Internal, Message: "send Hello first"})
 			continue
 		}
+		c.scope(msg)
 		switch m := msg.(type) {
 		case *wire.Hello:
 			if !c.handleHello(h.ID, m) {
@@ -89,16 +168,21 @@ func (c *session) serve() {
 		case *wire.Ping:
 			c.reply(h.ID, wire.TypePong, wire.Pong{Nonce: m.Nonce})
 		case *wire.Stats:
-			doc, _ := json.Marshal(c.srv.Stats())
+			doc := c.srv.Stats().document(c.srv.statsLimit)
 			c.reply(h.ID, wire.TypeStatsReply, wire.StatsReply{JSON: doc})
 		case *wire.Exists, *wire.Put, *wire.Get, *wire.Remove:
 			if e, ok := m.(*wire.Exists); ok && c.existsInArena(h.ID, e) {
+				c.srv.mem.release(cost)
 				continue
 			}
 			sem <- struct{}{}
 			wg.Add(1)
+			c.inflight.Add(1)
 			go func() {
-				defer func() { <-sem; wg.Done() }()
+				defer func() { c.inflight.Add(-1); c.srv.mem.release(cost); <-sem; wg.Done() }()
+				if hk := c.srv.cfg.hooks; hk != nil && hk.admitted != nil {
+					hk.admitted(h.Type)
+				}
 				c.handleBatch(h.ID, m)
 			}()
 		default:
@@ -106,6 +190,31 @@ func (c *session) serve() {
 			c.reply(h.ID, wire.TypeError, wire.Error{Code: wire.Internal, Message: fmt.Sprintf("unexpected %v from a client", h.Type)})
 		}
 	}
+}
+
+// admitFrame is the connection's gate (wire.Conn.SetGate): before the body of
+// a Put, Get, Exists or Remove is read, it takes the request's memory from the
+// node's budget, waiting up to RequestTimeout while other requests hold it, and
+// fails with errMemoryBusy past that (the client is answered busy). It waits on
+// the connection's read goroutine, so the client's next frames wait in the
+// socket rather than in the service's memory.
+func (c *session) admitFrame(_ context.Context, h wire.Header) error {
+	switch h.Type {
+	case wire.TypeExists, wire.TypePut, wire.TypeGet, wire.TypeRemove:
+	default:
+		return nil
+	}
+	cost := requestCost(h)
+	ctx, cancel := context.WithTimeout(context.Background(), c.srv.cfg.RequestTimeout)
+	defer cancel()
+	if err := c.srv.mem.acquire(ctx, c.srv.done, cost); err != nil {
+		c.srv.logs.warn("request memory budget full; answered busy (raise --request-memory, or send smaller batches)",
+			"client", c.id, "name", c.name, "limit", c.srv.cfg.RequestMemoryBytes)
+		return fmt.Errorf("the node service's request memory (%d bytes) stayed full for %v: retry later; the operator can raise --request-memory: %w",
+			c.srv.cfg.RequestMemoryBytes, c.srv.cfg.RequestTimeout, errMemoryBusy)
+	}
+	c.held = cost
+	return nil
 }
 
 func closeFDs(fds []int) {
@@ -143,23 +252,35 @@ func (c *session) handleRegister(id uint64, m *wire.RegisterSegment, fds []int) 
 	refuse := func(code wire.Status, why string) {
 		_ = unix.Close(fd)
 		c.mu.Lock()
-		c.refused = append(c.refused, why)
+		c.noteRefusedLocked(why)
 		c.mu.Unlock()
 		c.srv.st.refused.Add(1)
-		c.srv.log.Warn("segment registration refused", "client", c.id, "name", c.name, "segment", m.Name, "reason", why)
+		c.srv.logs.warn("segment registration refused", "client", c.id, "name", c.name, "segment", m.Name, "reason", why)
 		c.reply(id, wire.TypeError, wire.Error{Code: code, Message: wire.ClipMessage(why)})
 	}
 	c.mu.Lock()
 	over := c.registered+int64(m.Size) > c.srv.cfg.ClientQuotaBytes
-	have := c.registered
+	have, segs := c.registered, len(c.segments)
 	c.mu.Unlock()
+	if segs >= c.srv.cfg.MaxSegmentsPerClient {
+		// Each segment holds a descriptor and a mapping in the service: without
+		// a bound, thousands of tiny segments run the service out of descriptors.
+		refuse(wire.Quota, fmt.Sprintf("segment %q would be client %q's segment number %d, over the service's --max-segments-per-client of %d: "+
+			"register fewer, larger host pools; this pool runs without L3", m.Name, c.name, segs+1, c.srv.cfg.MaxSegmentsPerClient))
+		return
+	}
 	if over {
 		refuse(wire.Quota, fmt.Sprintf("segment %q of %d bytes would bring client %q to %d bytes of registered memory, over its quota of %d: raise the service's --client-quota or shrink the host pool; this pool runs without L3",
 			m.Name, m.Size, c.name, have+int64(m.Size), c.srv.cfg.ClientQuotaBytes))
 		return
 	}
+	if why := c.srv.chargeRegistered(m.Name, int64(m.Size)); why != "" {
+		refuse(wire.Quota, why)
+		return
+	}
 	mem, err := mapSegment(fd, m.Size)
 	if err != nil {
+		c.srv.registeredBytes.Add(-int64(m.Size))
 		refuse(wire.BadRange, fmt.Sprintf("segment %q: %v", m.Name, err))
 		return
 	}
@@ -178,6 +299,7 @@ func (c *session) handleUnregister(id uint64, m *wire.UnregisterSegment) {
 	if seg != nil {
 		delete(c.segments, m.SegmentID)
 		c.registered -= int64(len(seg.mem))
+		c.srv.registeredBytes.Add(-int64(len(seg.mem)))
 	}
 	c.mu.Unlock()
 	if seg == nil {
@@ -233,6 +355,7 @@ func (c *session) handleBatch(id uint64, msg wire.Message) {
 		s.st.puts.Add(1)
 		results := make([]wire.Result, len(m.Items))
 		s.forEach(len(m.Items), func(i int) { results[i] = c.putItem(ctx, m.Items[i]) })
+		c.unscope(results)
 		c.reply(id, wire.TypeBatchReply, wire.BatchReply{Results: results})
 	case *wire.Get:
 		s.st.gets.Add(1)
@@ -254,6 +377,7 @@ func (c *session) handleBatch(id uint64, msg wire.Message) {
 				s.st.misses.Add(1)
 			}
 		}
+		c.unscope(results)
 		c.reply(id, wire.TypeBatchReply, wire.BatchReply{Results: results})
 	}
 }
@@ -344,15 +468,21 @@ func (c *session) reservePut(ctx context.Context, it wire.Item, size int64) (*ar
 	s := c.srv
 	for {
 		if s.spill != nil {
-			if _, err := s.spill.ObjectSize(ctx, it.Key, storage.Format(it.Format)); err == nil {
+			_, err := s.spill.ObjectSize(ctx, it.Key, storage.Format(it.Format))
+			if err == nil {
 				s.st.putSkipped.Add(1)
 				return nil, wire.Result{} // write-once: the spill has it
+			}
+			if errors.Is(err, file.ErrOtherFormat) {
+				return nil, formatMismatch(it.Key)
 			}
 		}
 		p, err := s.arena.Reserve(it.Key, it.Format, size)
 		switch {
 		case err == nil:
 			return p, wire.Result{}
+		case errors.Is(err, arena.ErrFormat):
+			return nil, formatMismatch(it.Key)
 		case errors.Is(err, arena.ErrExists):
 			s.hookAwaiting(it.Key)
 			waited, err := s.arena.Await(ctx, it.Key)
@@ -492,4 +622,12 @@ func spillResult(err error, s *Server) wire.Result {
 		return wire.Result{Status: wire.Corrupt, Message: wire.ClipMessage(err.Error())}
 	}
 	return wire.Result{Status: wire.Internal, Message: wire.ClipMessage(err.Error())}
+}
+
+// formatMismatch answers a put of key whose object is stored in another format:
+// objects are write-once, so answering ok would store nothing and the client's
+// next get would miss.
+func formatMismatch(key string) wire.Result {
+	return wire.Result{Status: wire.FormatMismatch, Message: wire.ClipMessage(fmt.Sprintf(
+		"object %s is stored in another format (another layout, geometry or page size): objects are write-once; remove it first, or name objects of each format apart (the pool's model prefix)", key))}
 }

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"encoding/json"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,7 @@ type counters struct {
 	promotions, exists, removes                     atomic.Int64
 	badRanges, noSpace, corrupt, refused, malformed atomic.Int64
 	spillErrors, busy                               atomic.Int64
+	acceptErrors, rejected, timedOut, memoryBusy    atomic.Int64
 }
 
 // Stats is the service's state: what `strata inspect` prints and /stats serves.
@@ -24,8 +26,23 @@ type Stats struct {
 	Uptime  time.Duration `json:"uptime"`
 	Socket  string        `json:"socket"`
 	Admin   string        `json:"admin,omitempty"`
-	// Clients lists the connected clients with their segments.
-	Clients []ClientStats `json:"clients"`
+	// Clients lists the connected clients with their segments. In a document
+	// too large for one frame, Abridged says the segment and refusal lists were
+	// left out, and ClientsOmitted how many clients did not fit at all; the
+	// admin port's counts view (--admin-stats=counts) leaves it out whole.
+	Clients        []ClientStats `json:"clients"`
+	Abridged       bool          `json:"abridged,omitempty"`
+	ClientsOmitted int           `json:"clientsOmitted,omitempty"`
+	// ClientCount, SegmentCount and RegisteredBytes total the clients.
+	ClientCount     int   `json:"clientCount"`
+	SegmentCount    int   `json:"segmentCount"`
+	RegisteredBytes int64 `json:"registeredBytes"`
+	// Accepting is false while the socket cannot accept new clients (out of
+	// descriptors); AcceptError says why.
+	Accepting   bool   `json:"accepting"`
+	AcceptError string `json:"acceptError,omitempty"`
+	// RequestMemory is the budget of request memory in flight.
+	RequestMemory RequestMemoryStats `json:"requestMemory"`
 	// Arena is the DRAM tier, Spill the SSD tier (nil without one).
 	Arena arena.Stats `json:"arena"`
 	Spill *file.Stats `json:"spill,omitempty"`
@@ -57,8 +74,17 @@ type OpStats struct {
 	SpillErrors int64 `json:"spillErrors"`
 	// Busy counts put items answered Busy: another request was still writing
 	// the object when the request timed out, so it is not stored yet.
-	Busy     int64   `json:"busy"`
-	HitRatio float64 `json:"hitRatio"`
+	Busy int64 `json:"busy"`
+	// AcceptErrors counts failed accepts on the socket (retried); Rejected,
+	// connections refused for --max-clients or --max-clients-per-uid;
+	// TimedOut, clients disconnected by the hello, frame or idle timeout;
+	// MemoryBusy, requests answered busy because the request memory budget
+	// stayed full.
+	AcceptErrors int64   `json:"acceptErrors"`
+	Rejected     int64   `json:"rejectedConnections"`
+	TimedOut     int64   `json:"timedOut"`
+	MemoryBusy   int64   `json:"memoryBusy"`
+	HitRatio     float64 `json:"hitRatio"`
 }
 
 // ClientStats is one connected client.
@@ -68,14 +94,17 @@ type ClientStats struct {
 	PID             int            `json:"pid"`
 	UID             int            `json:"uid"`
 	RegisteredBytes int64          `json:"registeredBytes"`
+	SegmentCount    int            `json:"segmentCount"`
 	Segments        []SegmentStats `json:"segments"`
 	// Refused lists registrations the service refused, with the reason: those
-	// pools run without L3.
-	Refused  []string `json:"refused,omitempty"`
-	Requests int64    `json:"requests"`
-	Objects  int64    `json:"objects"`
-	BytesIn  int64    `json:"bytesIn"`
-	BytesOut int64    `json:"bytesOut"`
+	// pools run without L3. It keeps the first few; RefusedOmitted counts the
+	// rest, so that a client looping through refusals costs no memory.
+	Refused        []string `json:"refused,omitempty"`
+	RefusedOmitted int64    `json:"refusedOmitted,omitempty"`
+	Requests       int64    `json:"requests"`
+	Objects        int64    `json:"objects"`
+	BytesIn        int64    `json:"bytesIn"`
+	BytesOut       int64    `json:"bytesOut"`
 }
 
 // SegmentStats is one registered segment (a host pool).
@@ -108,7 +137,13 @@ func (s *Server) Stats() Stats {
 		GetBytes: c.getBytes.Load(), Promotions: c.promotions.Load(), Exists: c.exists.Load(), Removes: c.removes.Load(),
 		BadRanges: c.badRanges.Load(), NoSpace: c.noSpace.Load(), Corrupt: c.corrupt.Load(), Refused: c.refused.Load(),
 		Malformed: c.malformed.Load(), SpillErrors: c.spillErrors.Load(), Busy: c.busy.Load(),
+		AcceptErrors: c.acceptErrors.Load(), Rejected: c.rejected.Load(), TimedOut: c.timedOut.Load(), MemoryBusy: c.memoryBusy.Load(),
 	}
+	st.Accepting = true
+	if err := s.health(); err != nil {
+		st.Accepting, st.AcceptError = false, err.Error()
+	}
+	st.RequestMemory = s.mem.stats()
 	if n := st.Ops.ArenaHits + st.Ops.SpillHits + st.Ops.Misses; n > 0 {
 		st.Ops.HitRatio = float64(st.Ops.ArenaHits+st.Ops.SpillHits) / float64(n)
 	}
@@ -127,13 +162,50 @@ func (s *Server) Stats() Stats {
 		c.mu.Lock()
 		cs.RegisteredBytes = c.registered
 		cs.Refused = append([]string(nil), c.refused...)
+		cs.RefusedOmitted = c.refusedOmitted
 		for _, seg := range c.segments {
 			cs.Segments = append(cs.Segments, SegmentStats{ID: seg.id, Name: seg.name, Bytes: int64(len(seg.mem))})
 		}
 		c.mu.Unlock()
 		sort.Slice(cs.Segments, func(i, j int) bool { return cs.Segments[i].ID < cs.Segments[j].ID })
+		cs.SegmentCount = len(cs.Segments)
+		st.ClientCount++
+		st.SegmentCount += cs.SegmentCount
+		st.RegisteredBytes += cs.RegisteredBytes
 		st.Clients = append(st.Clients, cs)
 	}
 	sort.Slice(st.Clients, func(i, j int) bool { return st.Clients[i].ID < st.Clients[j].ID })
 	return st
+}
+
+// counts is st without the clients' details (names, pids, uids, segments): what
+// the admin port serves with --admin-stats=counts.
+func (st Stats) counts() Stats {
+	st.Clients, st.Abridged, st.ClientsOmitted = nil, false, 0
+	return st
+}
+
+// document encodes st as JSON of at most limit bytes, whatever the clients
+// did: past the limit it drops the per-client segment and refusal lists, then
+// clients from the end of the list (counted in ClientsOmitted). A document over
+// the frame limit would get no reply at all, and `strata inspect` would hang.
+func (st Stats) document(limit int) []byte {
+	doc, _ := json.Marshal(st)
+	if len(doc) <= limit {
+		return doc
+	}
+	st.Abridged = true
+	clients := make([]ClientStats, len(st.Clients))
+	for i, c := range st.Clients {
+		c.Segments, c.Refused = nil, nil
+		clients[i] = c
+	}
+	st.Clients = clients
+	for keep := len(clients); ; keep /= 2 {
+		st.Clients, st.ClientsOmitted = clients[:keep], len(clients)-keep
+		doc, _ = json.Marshal(st)
+		if len(doc) <= limit || keep == 0 {
+			return doc
+		}
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/stratakv/strata/node"
@@ -48,6 +49,13 @@ func newServeSettings() *serveSettings {
 			}
 			*dst = f
 			return nil
+		}
+	}
+	duration := func(dst *time.Duration) func(string) error {
+		return func(v string) error {
+			d, err := time.ParseDuration(v)
+			*dst = d
+			return err
 		}
 	}
 	integer := func(dst *int) func(string) error {
@@ -88,13 +96,34 @@ func newServeSettings() *serveSettings {
 	})
 	add("remote-queue", "bytes waiting to be written through to Redis before writes are dropped, e.g. 1GiB", size(&c.RemoteQueueBytes))
 	add("client-quota", "memory one client may register, e.g. 64GiB", size(&c.ClientQuotaBytes))
-	add("max-clients", "most clients at once", integer(&c.MaxClients))
-	add("copy-workers", "goroutines that copy one batch's objects", integer(&c.CopyWorkers))
-	add("request-timeout", "bound on one request, e.g. 30s", func(v string) error {
-		d, err := time.ParseDuration(v)
-		c.RequestTimeout = d
+	add("max-registered", "memory all clients together may register, e.g. 512GiB (0: no node-wide bound)", size(&c.MaxRegisteredBytes))
+	add("tenant-groups", "uids (or user names) that share one object namespace, groups separated by ';', e.g. \"1000,1001;2000,2001\"; every other uid has its own", func(v string) error {
+		g, err := node.ParseTenantGroups(v)
+		c.TenantGroups = g
 		return err
 	})
+	add("remote-username", "Redis ACL user (empty: the default user)", str(&c.RemoteUsername))
+	add("remote-password-file", "file holding the Redis password (empty: no AUTH)", str(&c.RemotePasswordFile))
+	add("remote-tls", "talk TLS to Redis (true or false; implied by --remote-tls-ca and --remote-tls-server-name)", func(v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("%q is not true or false", v)
+		}
+		c.RemoteTLS = b
+		return nil
+	})
+	add("remote-tls-ca", "PEM file of the CA that signed the Redis servers' certificates (empty: the system roots)", str(&c.RemoteTLSCAFile))
+	add("remote-tls-server-name", "name the Redis servers' certificates are checked against (empty: each address's host)", str(&c.RemoteTLSServerName))
+	add("max-clients", "most clients at once", integer(&c.MaxClients))
+	add("max-clients-per-uid", "most connections of one Unix user (0: --max-clients)", integer(&c.MaxClientsPerUID))
+	add("max-segments-per-client", "most segments (host pools) one client may register", integer(&c.MaxSegmentsPerClient))
+	add("hello-timeout", "time a new connection has to send its Hello, e.g. 10s", duration(&c.HelloTimeout))
+	add("frame-timeout", "time a started frame has to arrive whole, e.g. 10s", duration(&c.FrameTimeout))
+	add("idle-timeout", "disconnect a client silent this long with no request in flight, e.g. 10m (0: never)", duration(&c.IdleTimeout))
+	add("request-memory", "node-wide budget for the memory of requests in flight, e.g. 256MiB", size(&c.RequestMemoryBytes))
+	add("admin-stats", "what the admin port's /stats serves: full, counts (no client names, pids, uids or segments) or off", str(&c.AdminStats))
+	add("copy-workers", "goroutines that copy one batch's objects", integer(&c.CopyWorkers))
+	add("request-timeout", "bound on one request, e.g. 30s", duration(&c.RequestTimeout))
 	add("log-level", "debug, info, warn or error", func(v string) error { return s.level.UnmarshalText([]byte(v)) })
 	return s
 }
@@ -193,6 +222,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return err
 	}
 	s.cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: s.level}))
+	raiseFDLimit(s.cfg.Logger)
 	srv, err := node.New(s.cfg)
 	if err != nil {
 		if errorsIs(err, node.ErrConfig) {
@@ -204,4 +234,25 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	<-ctx.Done()
 	s.cfg.Logger.Info("shutting down")
 	return srv.Close()
+}
+
+// raiseFDLimit raises the soft limit on open descriptors to the hard limit:
+// every client holds a socket and a descriptor per registered segment, and the
+// usual soft limit of 1024 runs out long before --max-clients does. (Go's
+// runtime does the same at start since 1.19; doing it here says so in the log
+// and does not depend on it.)
+func raiseFDLimit(log *slog.Logger) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		log.Warn("cannot read the descriptor limit", "err", err)
+		return
+	}
+	if lim.Cur < lim.Max {
+		lim.Cur = lim.Max
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+			log.Warn("cannot raise the descriptor limit to its hard limit", "limit", lim.Cur, "err", err)
+			return
+		}
+	}
+	log.Info("descriptor limit", "open_files", lim.Cur)
 }

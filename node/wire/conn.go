@@ -42,6 +42,10 @@ type Conn struct {
 	body []byte
 	in   fdReader
 	rerr error // set once the incoming stream is lost
+	// frameTimeout, when positive, bounds the rest of a frame once its first byte
+	// arrived (see SetFrameTimeout).
+	frameTimeout atomic.Int64
+	gate         atomic.Pointer[func(context.Context, Header) error]
 
 	wmu  sync.Mutex
 	wbuf []byte
@@ -51,6 +55,29 @@ type Conn struct {
 // NewConn wraps c. The Conn owns c from now on: Close closes it.
 func NewConn(c *net.UnixConn) *Conn {
 	return &Conn{uc: c, in: fdReader{uc: c, oob: make([]byte, unix.CmsgSpace(maxFDs*4))}}
+}
+
+// SetFrameTimeout bounds how long Recv waits for the rest of a frame once its
+// first byte arrived, whatever the deadline of Recv's context: a server waits as
+// long as it likes for a client's next request, but a peer that sends a part of a
+// frame and stalls must not hold the reader (and the slot) for ever. Zero, the
+// default, leaves only the context's deadline. A frame cut off by it fails Recv
+// and the connection, like a truncated one.
+func (c *Conn) SetFrameTimeout(d time.Duration) { c.frameTimeout.Store(int64(d)) }
+
+// SetGate has Recv call g with each frame's header before it reads the body,
+// with Recv's context: a server holds a frame's memory against a budget (and
+// waits for it) before the frame takes any, so that a client's next large
+// request waits in the socket, not in the server's heap. When g fails, Recv
+// reads and drops the body and returns a *MessageError with the header that
+// wraps g's error; the connection stays in sync. After g returns, the frame
+// timeout starts again for the body. nil removes the gate.
+func (c *Conn) SetGate(g func(ctx context.Context, h Header) error) {
+	if g == nil {
+		c.gate.Store(nil)
+		return
+	}
+	c.gate.Store(&g)
 }
 
 // Send validates msg, of type t, and writes it as one frame with request id id; fds
@@ -159,7 +186,21 @@ func (c *Conn) Recv(ctx context.Context) (h Header, msg Message, fds []int, err 
 	}
 	stop := watch(ctx, c.uc.SetReadDeadline)
 	c.in.reset()
-	h, body, err := readFrame(&c.in, &c.hdr, c.body)
+	c.in.ctx, c.in.deadline, c.in.frameTimeout = ctx, dl, time.Duration(c.frameTimeout.Load())
+	var admit func(Header) error
+	if g := c.gate.Load(); g != nil {
+		admit = func(h Header) error {
+			err := (*g)(ctx, h)
+			// The wait for the gate is not the peer's: the body gets its own
+			// frame timeout from now.
+			if c.in.frameTimeout > 0 {
+				c.in.startFrame()
+			}
+			return err
+		}
+	}
+	h, body, err := readFrame(&c.in, &c.hdr, c.body, admit)
+	c.in.ctx = nil
 	stop()
 	if body != nil {
 		c.body = body[:0]
@@ -281,6 +322,12 @@ type fdReader struct {
 	n         int   // bytes read since reset
 	truncated bool  // the kernel cut the control data (too many descriptors)
 	err       error // control data that did not parse
+
+	// The frame's bounds, for Recv's frame timeout: once the first byte arrives,
+	// the read deadline moves to the earlier of deadline and now+frameTimeout.
+	ctx          context.Context
+	deadline     time.Time
+	frameTimeout time.Duration
 }
 
 func (r *fdReader) reset() {
@@ -289,6 +336,9 @@ func (r *fdReader) reset() {
 
 func (r *fdReader) Read(p []byte) (int, error) {
 	n, oobn, flags, _, err := r.uc.ReadMsgUnix(p, r.oob)
+	if r.n == 0 && n > 0 && r.frameTimeout > 0 {
+		r.startFrame()
+	}
 	r.n += n
 	if oobn > 0 {
 		r.collect(r.oob[:oobn])
@@ -300,6 +350,20 @@ func (r *fdReader) Read(p []byte) (int, error) {
 		err = io.EOF // ReadMsgUnix wraps it; io.ReadFull needs it bare
 	}
 	return n, err
+}
+
+// startFrame tightens the read deadline when a frame's first byte arrived.
+func (r *fdReader) startFrame() {
+	dl := time.Now().Add(r.frameTimeout)
+	if !r.deadline.IsZero() && r.deadline.Before(dl) {
+		dl = r.deadline
+	}
+	_ = r.uc.SetReadDeadline(dl)
+	// The context's watch may have moved the deadline into the past just before
+	// this moved it forward again: do what it did once more.
+	if r.ctx != nil && r.ctx.Err() != nil {
+		_ = r.uc.SetReadDeadline(time.Unix(1, 0))
+	}
 }
 
 // collect takes the file descriptors out of received control data.

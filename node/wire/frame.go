@@ -85,12 +85,14 @@ func WriteFrame(w io.Writer, id uint64, msg Message) error {
 // (Decode does).
 func ReadFrame(r io.Reader) (Header, []byte, error) {
 	var hdr [HeaderSize]byte
-	return readFrame(r, &hdr, nil)
+	return readFrame(r, &hdr, nil, nil)
 }
 
 // readFrame is ReadFrame reading the body into buf's memory when it is large
-// enough.
-func readFrame(r io.Reader, hdr *[HeaderSize]byte, buf []byte) (Header, []byte, error) {
+// enough. admit, when set, runs once the header is read and before the body is:
+// when it fails, the body is read and dropped (the stream stays in sync) and the
+// error comes back in a *MessageError with the header.
+func readFrame(r io.Reader, hdr *[HeaderSize]byte, buf []byte, admit func(Header) error) (Header, []byte, error) {
 	n, err := io.ReadFull(r, hdr[:])
 	switch {
 	case err == io.EOF:
@@ -103,6 +105,18 @@ func readFrame(r io.Reader, hdr *[HeaderSize]byte, buf []byte) (Header, []byte, 
 	h, err := parseHeader(hdr)
 	if err != nil {
 		return Header{}, nil, err
+	}
+	if admit != nil {
+		if aerr := admit(h); aerr != nil {
+			n, err := io.CopyN(io.Discard, r, int64(h.Len))
+			if err != nil {
+				if err == io.EOF {
+					err = fmt.Errorf("truncated frame: %s body (id %d) cut at %d of %d bytes: %w: %w", h.Type, h.ID, n, h.Len, ErrMalformed, io.ErrUnexpectedEOF)
+				}
+				return Header{}, nil, err
+			}
+			return h, nil, &MessageError{Header: h, Err: aerr}
+		}
 	}
 	body, err := readBody(r, buf, int(h.Len))
 	if err != nil {

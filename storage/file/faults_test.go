@@ -2,6 +2,8 @@ package file
 
 import (
 	"errors"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -184,42 +186,82 @@ func TestCapacitySmallerThanAnObject(t *testing.T) {
 	}
 }
 
-// A real full filesystem: a 1 MiB tmpfs.
+// A real full filesystem: a 1 MiB tmpfs under the default 64 GiB capacity. The
+// store's capacity follows the device's free space, so puts evict the least
+// recently used objects instead of failing: before, every put past the first
+// megabyte failed with ErrNoSpace and nothing was ever evicted (the node
+// service's spill dropped every evicted object, logging each).
 func TestFullFilesystem(t *testing.T) {
 	dir := t.TempDir()
 	mount(t, "tmpfs", dir, "tmpfs", 0, "size=1m")
 	f := newFixture(t, testConfig(dir, nil), []pool.PoolSpec{{Name: "big", Geometry: bigGeometry}})
-	idx := make([]int, 16)
-	for i := range idx {
-		idx[i] = i
-	}
-	// 16 objects of two 36 KiB files do not fit in 1 MiB.
-	errs := f.s.Put(bg, "big", f.pick(idx), pages(idx))
-	var ok, full []int
-	for i, err := range errs {
-		switch {
-		case err == nil:
-			ok = append(ok, i)
-		case errors.Is(err, storage.ErrNoSpace):
-			full = append(full, i)
-		default:
-			t.Fatalf("key %d: %v; want nil or ErrNoSpace", i, err)
+	// 16 objects of two 36 KiB files do not fit in 1 MiB together: put them one
+	// batch of two at a time, so that recency is the order of the batches.
+	for i := 0; i < 16; i += 2 {
+		idx := []int{i, i + 1}
+		for j, err := range f.s.Put(bg, "big", f.pick(idx), pages(idx)) {
+			if err != nil {
+				t.Fatalf("put of key %d on a full device: %v; want older objects evicted", idx[j], err)
+			}
 		}
-	}
-	if len(ok) == 0 || len(full) == 0 {
-		t.Fatalf("%d puts succeeded, %d found the disk full; want some of each", len(ok), len(full))
 	}
 	if _, temps := walk(t, dir); len(temps) != 0 {
 		t.Fatalf("temporary files left behind: %v", temps)
 	}
-	// Everything that was stored is served.
-	for i, err := range f.get("big", ok...) {
-		if err != nil {
-			t.Fatalf("get of stored key %d: %v", ok[i], err)
+	st := f.s.Stats()
+	if st.Evictions == 0 || st.Faults["no_space"] != 0 {
+		t.Fatalf("%d evictions, %d no_space faults; want evictions and no faults", st.Evictions, st.Faults["no_space"])
+	}
+	// The newest objects are served; evicted ones are misses, never corrupt.
+	errs := f.get("big", 14, 15)
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatalf("the newest objects: %v", errs)
+	}
+	for i, err := range f.get("big", 0, 1, 2, 3) {
+		if err != nil && !errors.Is(err, storage.ErrNotFound) {
+			t.Fatalf("old key %d: %v; want served or not found", i, err)
 		}
 	}
-	if st := f.s.Stats(); st.Faults["no_space"] != int64(len(full)) {
-		t.Fatalf("%d no_space faults counted, want %d", st.Faults["no_space"], len(full))
+}
+
+// A device that fills up behind the index's back (another user of the disk
+// between the free-space check and the write) answers ENOSPC: the store evicts
+// its own least recently used objects and writes again.
+func TestENOSPCEvictsAndRetries(t *testing.T) {
+	dir := t.TempDir()
+	mount(t, "tmpfs", dir, "tmpfs", 0, "size=256k")
+	s := newStore(t, testConfig(dir, nil))
+	s.freeBytes = func() int64 { return math.MaxInt64 } // the index never sees the device fill
+	body := make([]byte, 40<<10)
+	for i := range 20 { // 800 KiB through a 256 KiB device
+		body[0] = byte(i)
+		if err := s.PutObject(bg, fmt.Sprintf("obj-%d", i), 1, body); err != nil {
+			t.Fatalf("put %d: %v; want the oldest objects evicted on ENOSPC", i, err)
+		}
+	}
+	got := make([]byte, len(body))
+	if err := s.GetObject(bg, "obj-19", 1, got); err != nil || got[0] != 19 {
+		t.Fatalf("the newest object: %v", err)
+	}
+	if st := s.Stats(); st.Evictions == 0 {
+		t.Fatal("no evictions")
+	}
+}
+
+// An object larger than the whole device is refused with ErrNoSpace, after
+// evicting what could be evicted: nothing else can make it fit.
+func TestObjectLargerThanTheDevice(t *testing.T) {
+	dir := t.TempDir()
+	mount(t, "tmpfs", dir, "tmpfs", 0, "size=64k")
+	s := newStore(t, testConfig(dir, nil))
+	if err := s.PutObject(bg, "small", 1, make([]byte, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutObject(bg, "huge", 1, make([]byte, 1<<20)); !errors.Is(err, storage.ErrNoSpace) {
+		t.Fatalf("an object larger than the device: %v", err)
+	}
+	if err := s.PutObject(bg, "small-again", 1, make([]byte, 4096)); err != nil {
+		t.Fatalf("a small put after the refusal: %v", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package file
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -87,11 +88,23 @@ func (x *index) forgetLocked(rel string) {
 	}
 }
 
-// take reserves size bytes for a write if they fit under the capacity.
-func (x *index) take(size int64) bool {
+// effectiveLocked is the capacity that counts now: the configured one, or
+// less when the device has less room, free bytes, than the capacity leaves.
+// The files the index knows are on the device already, so they count on top
+// of free; writes in flight take from it.
+func (x *index) effectiveLocked(free int64) int64 {
+	if free > x.capacity-x.used {
+		return x.capacity
+	}
+	return x.used + free
+}
+
+// take reserves size bytes for a write if they fit under the capacity and the
+// device's free bytes.
+func (x *index) take(size, free int64) bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if x.used+x.pending+size > x.capacity {
+	if x.used+x.pending+size > x.effectiveLocked(free) {
 		return false
 	}
 	x.pending += size
@@ -123,9 +136,14 @@ func (x *index) usage() (bytes, files int64) {
 // evictLocked drops the least recently used files from the index until a write of
 // size bytes leaves the store at evictTarget tenths of its capacity, and returns
 // them for the caller to remove. A victim's other part goes with it.
-func (x *index) evictLocked(size int64) []string {
-	target := x.capacity / 10 * evictTarget
-	if x.used+x.pending+size <= target || len(x.files) == 0 {
+func (x *index) evictLocked(size, capacity int64) []string {
+	return x.evictDownToLocked(capacity/10*evictTarget - size)
+}
+
+// evictDownToLocked drops the least recently used files from the index until
+// the bytes stored and being written are at most target, and returns them.
+func (x *index) evictDownToLocked(target int64) []string {
+	if x.used+x.pending <= target || len(x.files) == 0 {
 		return nil
 	}
 	type aged struct {
@@ -144,7 +162,7 @@ func (x *index) evictLocked(size int64) []string {
 	})
 	var victims []string
 	for _, a := range all {
-		if x.used+x.pending+size <= target {
+		if x.used+x.pending <= target {
 			break
 		}
 		if _, ok := x.files[a.rel]; !ok {
@@ -206,16 +224,20 @@ func (s *Store) reserve(size int64) error {
 			s.dir, size, x.capacity, storage.ErrNoSpace)
 	}
 	asked := time.Now().UnixNano()
-	if x.take(size) {
+	if x.take(size, s.deviceFree()) {
 		return nil
 	}
 	s.rescan(asked)
+	free := s.deviceFree()
 	x.mu.Lock()
+	// The capacity by the fresh view, fixed before eviction: the victims' bytes
+	// are still on the device, not in free.
+	capacity := x.effectiveLocked(free)
 	var victims []string
-	if x.used+x.pending+size > x.capacity { // still full by the fresh view (another writer may have evicted)
-		victims = x.evictLocked(size)
+	if x.used+x.pending+size > capacity { // still full by the fresh view (another writer may have evicted)
+		victims = x.evictLocked(size, capacity)
 	}
-	ok := x.used+x.pending+size <= x.capacity
+	ok := x.used+x.pending+size <= capacity
 	if ok {
 		x.pending += size
 	}
@@ -227,6 +249,38 @@ func (s *Store) reserve(size int64) error {
 			s.dir, used, pending, size, storage.ErrNoSpace)
 	}
 	return nil
+}
+
+// deviceFree is the bytes an unprivileged writer may still use on the
+// directory's device (statfs f_bavail); a device that cannot say is taken to
+// have room for the whole capacity. One statfs per reservation: a few hundred
+// nanoseconds next to writing a file.
+func (s *Store) deviceFree() int64 {
+	if s.freeBytes != nil {
+		return s.freeBytes()
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.dir, &st); err != nil || st.Bsize <= 0 || st.Blocks == 0 {
+		return math.MaxInt64 // no answer, or a filesystem without a size (ramfs)
+	}
+	if st.Bavail > uint64(math.MaxInt64)/uint64(st.Bsize) {
+		return math.MaxInt64
+	}
+	return int64(st.Bavail) * st.Bsize
+}
+
+// evictForSpace makes room after the device answered ENOSPC though the index
+// thought there was room (other users of the device, metadata, a race with
+// the free-space check): it removes the least recently used files, at least
+// size bytes and a tenth of what the store holds, and reports whether it
+// removed any, so the write is worth retrying once.
+func (s *Store) evictForSpace(size int64) bool {
+	x := &s.idx
+	x.mu.Lock()
+	victims := x.evictDownToLocked(x.used + x.pending - max(size, x.used/10))
+	x.mu.Unlock()
+	s.removeFiles(victims)
+	return len(victims) > 0
 }
 
 // removeFiles unlinks evicted files. A file already gone (another process evicted

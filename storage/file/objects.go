@@ -2,6 +2,7 @@ package file
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/zeebo/xxh3"
@@ -13,24 +14,33 @@ import (
 // The object API stores named byte objects with the same file format, checks,
 // write-once semantics and capacity bound as pool pages, for callers that hold
 // bytes rather than pool pages: the node service spills its DRAM arena here. An
-// object lives in the subdirectory named by a hash of its name, so a directory
-// must serve either pools or objects, not both.
+// object's file is named by a 128-bit hash of its name, in the subdirectory named
+// by the hash's first byte, so a directory must serve either pools or objects,
+// not both. The name itself is in the file's header, where every read checks it:
+// any name that fits the header can be stored (a space, a '/', a Hugging Face
+// model id, 512 bytes), so the node service's spill takes every key its wire
+// protocol accepts.
 
 // objRel is where object name lives, relative to the store's directory.
 func objRel(name string) string {
-	h := xxh3.HashString(name)
+	h := xxh3.HashString128(name)
 	const hexDigits = "0123456789abcdef"
-	return string([]byte{hexDigits[h>>60], hexDigits[(h>>56)&15]}) + "/" + name
+	b := make([]byte, 0, 3+32)
+	b = append(b, hexDigits[h.Hi>>60], hexDigits[(h.Hi>>56)&15], '/')
+	for _, w := range [2]uint64{h.Hi, h.Lo} {
+		for shift := 60; shift >= 0; shift -= 4 {
+			b = append(b, hexDigits[(w>>uint(shift))&15])
+		}
+	}
+	return string(b)
 }
 
+// MaxObjectName is the longest object name, in bytes: what the file header holds.
+const MaxObjectName = maxHeaderName
+
 func checkObjectName(name string) error {
-	if name == "" || len(name) > maxNameBytes || name[0] == '.' {
-		return fmt.Errorf("file store: object name %q: want 1 to %d bytes, not starting with '.': %w", name, maxNameBytes, storage.ErrBatch)
-	}
-	for i := 0; i < len(name); i++ {
-		if !validNameByte(name[i]) {
-			return fmt.Errorf("file store: object name %q has %q; use only letters, digits and \":_.-\": %w", name, name[i], storage.ErrBatch)
-		}
+	if name == "" || len(name) > MaxObjectName {
+		return fmt.Errorf("file store: object name of %d bytes: want 1 to %d: %w", len(name), MaxObjectName, storage.ErrBatch)
 	}
 	return nil
 }
@@ -85,6 +95,10 @@ func (s *Store) PutObject(ctx context.Context, name string, format storage.Forma
 	}
 	return s.object(ctx, "put object", name, runs, func(o objSpec, rel string, b *ioBuf) error {
 		sub, err := s.writeObj(o, rel, name, b)
+		if errors.Is(err, unix.ENOSPC) && s.evictForSpace(fileBytes(o.bodyLen)) {
+			// The device filled up under the index's view: evict and try once more.
+			sub, err = s.writeObj(o, rel, name, b)
+		}
 		if err == nil && sub != "" && s.cfg.Sync {
 			if err := syncDir(sub); err != nil {
 				return ioError("sync directory", sub, err)
@@ -114,8 +128,11 @@ func (s *Store) ObjectSize(ctx context.Context, name string, format storage.Form
 		if err != nil {
 			return err
 		}
-		if h.format != format || h.name != name {
+		if h.name != name {
 			return fmt.Errorf("file store: object %s: %w", name, storage.ErrNotFound)
+		}
+		if h.format != format {
+			return fmt.Errorf("file store: object %s is stored in format %#x, not %#x: %w (%w)", name, uint64(h.format), uint64(format), storage.ErrNotFound, ErrOtherFormat)
 		}
 		size = int64(h.bodyLen)
 		return nil

@@ -50,6 +50,9 @@ type Store struct {
 	rescanEvery time.Duration
 	// refreshEvery is how old the last scan may grow before a put starts another.
 	refreshEvery time.Duration
+	// freeBytes, when set, replaces the device's free space (statfs) for tests
+	// that make the device fill up behind the index's back.
+	freeBytes func() int64
 
 	mu       sync.RWMutex // guards pools and closed
 	pools    map[string]*poolState
@@ -713,7 +716,7 @@ func (s *Store) writeObj(o objSpec, rel, name string, b *ioBuf) (string, error) 
 
 	path := s.path(rel)
 	sub := s.path(rel[:2])
-	tmp := sub + "/" + s.tempName(name)
+	tmp := sub + "/" + s.tempName(rel[3:]) // rel is "xx/<file name>"
 	fd, direct, err := s.open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o666)
 	if err == unix.ENOENT {
 		if err = os.MkdirAll(sub, 0o777); err == nil {

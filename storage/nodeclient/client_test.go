@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/stratakv/strata/hostmem"
 	"github.com/stratakv/strata/kvlayout"
 	"github.com/stratakv/strata/node"
+	"github.com/stratakv/strata/node/wire"
 	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 	"github.com/stratakv/strata/storage"
@@ -270,4 +272,46 @@ func indexOf(s, sub string) int {
 		}
 	}
 	return -1
+}
+
+// A pool whose object names the wire would refuse (a model prefix that is not
+// printable ASCII, or too long for keys of wire.MaxKey bytes) is refused when it
+// registers, by the wire's own rule; a Hugging Face model id as the prefix is a
+// valid key.
+func TestPoolKeysFollowTheWireRule(t *testing.T) {
+	socket := filepath.Join(socketDir(t), "s")
+	s := startServer(t, socket, nil)
+	defer s.Close()
+	b := newClient(t, socket)
+	defer b.Close()
+	g := testGroup(t, b, 4)
+	ctx := context.Background()
+	for _, prefix := range []string{"modèle", strings.Repeat("p", wire.MaxKey), "tab\there"} {
+		err := b.RegisterPool(ctx, storage.SpecOf(g.Pool("kv"), pagekey.Names{ModelPrefix: prefix}))
+		if !errors.Is(err, storage.ErrConfig) || !contains(err.Error(), "printable ASCII") {
+			t.Errorf("model prefix %.20q: %v", prefix, err)
+		}
+	}
+	if err := b.RegisterPool(ctx, storage.SpecOf(g.Pool("kv"), pagekey.Names{ModelPrefix: "meta-llama/Llama 3.1 8B"})); err != nil {
+		t.Fatalf("a Hugging Face model id as the prefix: %v", err)
+	}
+	if err := b.WaitConnected(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fill(g, 0, 5)
+	ks := keys(1)
+	if errs := b.Put(ctx, "kv", ks, []pool.PageID{0}); errs[0] != nil {
+		t.Fatalf("put: %v", errs[0])
+	}
+	if errs := b.Get(ctx, "kv", ks, []pool.PageID{1}); errs[0] != nil {
+		t.Fatalf("get: %v", errs[0])
+	}
+	kv := g.Pool("kv")
+	for buf := 0; buf < kv.Layout().Geometry.Buffers(); buf++ {
+		x, _ := kv.PageBuffer(buf, 0)
+		y, _ := kv.PageBuffer(buf, 1)
+		if !bytes.Equal(x, y) {
+			t.Fatalf("buffer %d read back other bytes", buf)
+		}
+	}
 }

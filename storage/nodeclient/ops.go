@@ -24,6 +24,9 @@ func (b *Backend) RegisterPool(ctx context.Context, spec storage.PoolSpec) error
 	if err := spec.Validate(); err != nil {
 		return fmt.Errorf("node client: register: %w", err)
 	}
+	if err := checkKeys(spec); err != nil {
+		return err
+	}
 	fd := spec.Region.Fd()
 	if fd < 0 {
 		return fmt.Errorf("node client: pool %q is in %s memory, not a memfd the node service can map: build the host group with storage.HostAllocator(backend, ...), which gives it the shm allocator: %w",
@@ -229,4 +232,24 @@ func batchRequest(t wire.Type, p *poolReg, seg uint32, keys []pagekey.Key, pages
 		return wire.Put{Items: items}, len(items)
 	}
 	return wire.Get{Items: items}, len(items)
+}
+
+// checkKeys reports whether every object name of spec's pages is a key the node
+// service's wire accepts (wire.ValidKey: 1 to wire.MaxKey bytes of printable
+// ASCII), so that a pool whose model prefix cannot be served is refused when it
+// registers rather than failing every Put. Names are longest for the longest
+// digest, which is what is checked.
+func checkKeys(spec storage.PoolSpec) error {
+	var d [pagekey.MaxDigestSize]byte
+	key, err := pagekey.KeyFromDigest(d[:])
+	if err != nil {
+		return fmt.Errorf("node client: pool %q: %v: %w", spec.Name, err, storage.ErrConfig)
+	}
+	for _, name := range storage.ObjectNames(spec, key) {
+		if err := wire.ValidKey(name); err != nil {
+			return fmt.Errorf("node client: pool %q (model prefix %q): its object names are not node service keys: %v; use a printable ASCII model prefix short enough for keys of %d bytes: %w",
+				spec.Name, spec.Names.ModelPrefix, err, wire.MaxKey, storage.ErrConfig)
+		}
+	}
+	return nil
 }

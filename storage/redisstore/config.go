@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"time"
@@ -32,6 +33,9 @@ type Config struct {
 	// requirepass when Username is empty).
 	Username string `json:"username,omitempty"`
 	Password string `json:"-"`
+	// TLS, when set, is the TLS configuration of every connection (managed Redis
+	// services require it); nil talks plain TCP.
+	TLS *tls.Config `json:"-"`
 	// ChunkBytes bounds one value: an object part larger than this is stored as
 	// several chunk keys, so that one GET or SET, and the latency and memory spike
 	// it causes on its shard, stays bounded. 0 means 4 MiB. Readers with another

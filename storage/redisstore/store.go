@@ -188,6 +188,7 @@ func clientOptions(cfg Config, addr string) *redis.Options {
 		Addr:            addr,
 		Username:        cfg.Username,
 		Password:        cfg.Password,
+		TLSConfig:       cfg.TLS,
 		DialTimeout:     cfg.DialTimeout,
 		DialerRetries:   1, // a refused dial is a shard down; the store's backoff takes over
 		MaxRetries:      -1,
@@ -208,6 +209,7 @@ func clusterOptions(cfg Config) *redis.ClusterOptions {
 		Addrs:                    cfg.Addrs,
 		Username:                 cfg.Username,
 		Password:                 cfg.Password,
+		TLSConfig:                cfg.TLS,
 		DialTimeout:              cfg.DialTimeout,
 		DialerRetries:            1,
 		MaxRetries:               -1,
