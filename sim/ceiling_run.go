@@ -9,6 +9,14 @@ import (
 // ceilingRun is the infinite-capacity cache: every page ever computed stays
 // cached, so its hit ratio bounds what any cache can reach on the trace. It keeps
 // keys only, no KV bytes, and loads nothing.
+//
+// A request's hit is taken when it arrives, against every page of every request
+// that arrived before it (prompt and output), as if each were computed the moment
+// it arrived: no cache that serves requests in arrival order can hit more, however
+// its schedule delays admission (a strata run that waits for L1 room admits later,
+// when more is cached, which once let it beat a ceiling taken at admission). Pages
+// are counted as strata counts them: whole pages of the prompt, keyed by bigrams
+// when strata's are.
 type ceilingRun struct {
 	ps       int
 	bigram   bool
@@ -29,31 +37,36 @@ func newCeilingRun(cfg Config, maxPages int) (*ceilingRun, error) {
 	return c, err
 }
 
-func (c *ceilingRun) admit(a *active) (bool, error) {
+// ceilingHit is a request's hit, taken at arrival.
+type ceilingHit struct {
+	tokens int
+	err    error
+}
+
+func (c *ceilingRun) arrive(a *active) {
+	h := &ceilingHit{}
 	if c.bigram {
-		a.hitL1 = c.bigrams.Peek(pagekey.Key{}, bigramKey(a.req.Prompt)) * c.ps
+		h.tokens = c.bigrams.Peek(pagekey.Key{}, bigramKey(a.req.Prompt)) * c.ps
+		key := bigramKey(a.tokens)
+		_, h.err = c.bigrams.Insert(pagekey.Key{}, key[:len(key)/c.ps*c.ps], c.pages(len(key)/c.ps), nil)
 	} else {
-		a.hitL1 = c.tokens.Peek(pagekey.Key{}, a.req.Prompt) * c.ps
+		h.tokens = c.tokens.Peek(pagekey.Key{}, a.req.Prompt) * c.ps
+		_, h.err = c.tokens.Insert(pagekey.Key{}, a.tokens[:len(a.tokens)/c.ps*c.ps], c.pages(len(a.tokens)/c.ps), nil)
 	}
-	return false, nil
+	a.state = h
+}
+
+func (c *ceilingRun) admit(a *active) (bool, error) {
+	h := a.state.(*ceilingHit)
+	a.hitL1 = h.tokens
+	return false, h.err
 }
 
 func (c *ceilingRun) prefill(*active) {}
 
-func (c *ceilingRun) arrive(*active) {}
-
 func (c *ceilingRun) settle() error { return nil }
 
-func (c *ceilingRun) finish(a *active) error {
-	var err error
-	if c.bigram {
-		key := bigramKey(a.tokens)
-		_, err = c.bigrams.Insert(pagekey.Key{}, key[:len(key)/c.ps*c.ps], c.pages(len(key)/c.ps), nil)
-	} else {
-		_, err = c.tokens.Insert(pagekey.Key{}, a.tokens[:len(a.tokens)/c.ps*c.ps], c.pages(len(a.tokens)/c.ps), nil)
-	}
-	return err
-}
+func (c *ceilingRun) finish(*active) error { return nil }
 
 // pages hands out fresh page ids; the ceiling has no pool behind them.
 func (c *ceilingRun) pages(n int) []pool.PageID {

@@ -92,6 +92,7 @@ func TestConcurrentBenchFailsRequestsLargerThanL1(t *testing.T) {
 	cfg := concurrentConfig(1)
 	cfg.Runs = []string{RunL1Only}
 	cfg.L1Tokens = 512 // round 0 fits (288 tokens), later rounds do not
+	cfg.allowOversize = true
 	rep, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

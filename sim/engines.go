@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -60,8 +62,10 @@ func share(t workload.Trace, e, n int) workload.Trace {
 }
 
 // RunEngine is an engine process of a multi-engine run: it replays its share of the
-// trace through its own L1 and L2 and the shared node service, and reports.
-func RunEngine(ctx context.Context, job EngineJob) (*EngineResult, error) {
+// trace through its own L1 and L2 and the shared node service, and reports. When
+// progress is not nil, it gets one line per request served, which the bench that
+// started the engine reads to show requests across every engine.
+func RunEngine(ctx context.Context, job EngineJob, progress io.Writer) (*EngineResult, error) {
 	cfg := job.Config
 	gen, err := workload.ByName(job.Workload)
 	if err != nil {
@@ -96,7 +100,11 @@ func RunEngine(ctx context.Context, job EngineJob) (*EngineResult, error) {
 	}
 	run.trackComputed()
 	rr := RunReport{Name: RunStrata}
-	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: NewProgress(discard{}, false)}
+	p := NewProgress(discard{}, false)
+	if progress != nil {
+		p.onStep = func(done int) { _, _ = fmt.Fprintf(progress, "%s%d\n", engineProgressPrefix, done) }
+	}
+	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: p}
 	err = e.serve(ctx, mine, &rr, cfg.Concurrent)
 	res := &EngineResult{Run: rr, TTFTms: e.ttfts, CrossEngineHitTokens: run.cross,
 		ComputedPages: slices.Collect(maps.Keys(run.computed)), L3HitPages: run.l3Hits, PID: os.Getpid()}
@@ -106,7 +114,38 @@ func RunEngine(ctx context.Context, job EngineJob) (*EngineResult, error) {
 // runEngines runs the strata run as several engine processes sharing L3 (one node
 // service, several writing through to one Redis, or Redis itself), and merges
 // their reports.
-func runEngines(ctx context.Context, cfg Config, gen workload.Generator, log *slog.Logger) (RunReport, error) {
+// engineProgressPrefix starts an engine process's progress lines on its stderr:
+// the prefix, then the requests it has served.
+const engineProgressPrefix = "strata-engine-progress "
+
+// progressTap passes an engine's stderr to out, but for its progress lines, whose
+// counts it hands to step.
+type progressTap struct {
+	out     io.Writer
+	step    func(done int)
+	partial []byte
+}
+
+func (t *progressTap) Write(p []byte) (int, error) {
+	t.partial = append(t.partial, p...)
+	for {
+		i := bytes.IndexByte(t.partial, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		line := t.partial[:i+1]
+		if rest, ok := bytes.CutPrefix(line, []byte(engineProgressPrefix)); ok {
+			if n, err := strconv.Atoi(string(bytes.TrimSpace(rest))); err == nil {
+				t.step(n)
+			}
+		} else {
+			_, _ = t.out.Write(line)
+		}
+		t.partial = t.partial[i+1:]
+	}
+}
+
+func runEngines(ctx context.Context, cfg Config, gen workload.Generator, requests int, log *slog.Logger) (RunReport, error) {
 	engines, nodes := cfg.engines(), cfg.nodes()
 	rr := RunReport{Name: RunStrata, Engines: engines}
 	switch {
@@ -153,9 +192,20 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, log *sl
 	if progress == nil {
 		progress = NewProgress(discard{}, false)
 	}
-	progress.Start(fmt.Sprintf("strata (%d engines)", engines), engines)
-	var done int
+	// The bar counts requests across every engine.
+	progress.Start(fmt.Sprintf("strata (%d engines)", engines), requests)
+	perEngine := make([]int, engines)
 	var mu sync.Mutex
+	stepEngine := func(e, done int) {
+		mu.Lock()
+		defer mu.Unlock()
+		perEngine[e] = max(perEngine[e], done)
+		sum := 0
+		for _, n := range perEngine {
+			sum += n
+		}
+		progress.Step(sum)
+	}
 	for e := range engines {
 		job := EngineJob{Config: cfg, Workload: gen.Name(), WorkloadConfig: wcfg, Engine: e, Engines: engines}
 		if len(sockets) > 0 {
@@ -172,7 +222,8 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, log *sl
 			cmd := exec.CommandContext(ctx, bin, "bench-engine")
 			cmd.Stdin = bytes.NewReader(in)
 			var out, stderr bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &stderr
+			cmd.Stdout = &out
+			cmd.Stderr = &progressTap{out: &stderr, step: func(done int) { stepEngine(e, done) }}
 			if err := cmd.Run(); err != nil {
 				errs[e] = fmt.Errorf("engine %d: %v: %s", e, err, strings.TrimSpace(lastLines(stderr.String(), 5)))
 			} else {
@@ -183,10 +234,6 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, log *sl
 					results[e] = &res
 				}
 			}
-			mu.Lock()
-			done++
-			progress.Step(done)
-			mu.Unlock()
 		}(e)
 	}
 	wg.Wait()
@@ -220,6 +267,7 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, log *sl
 			}
 			l3.BytesRead += r.L3.BytesRead
 			l3.BytesWritten += r.L3.BytesWritten
+			l3.PrefetchedTokens += r.L3.PrefetchedTokens
 			l3.Prefetch.Completed += r.L3.Prefetch.Completed
 			l3.Prefetch.TimedOut += r.L3.Prefetch.TimedOut
 			l3.Prefetch.BelowThreshold += r.L3.Prefetch.BelowThreshold

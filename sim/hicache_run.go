@@ -99,6 +99,9 @@ func newHicacheRun(cfg Config, withL2, withL3 bool) (h *hicacheRun, err error) {
 	hc.L3.PrefetchPolicy = cfg.PrefetchPolicy
 	hc.L3.DraftPolicy = cfg.DraftPolicy
 	hc.L3.Names = pagekey.Names{ModelPrefix: cfg.Model.Name}
+	if cfg.L3Namespace != "" {
+		hc.L3.Names.ModelPrefix += "-" + cfg.L3Namespace // file names allow no "/"
+	}
 	if h.cache, err = hicache.New(hc, h.dev, h.host, hicache.Options{Storage: h.backend, Logger: log, Faults: cfg.faults}); err != nil {
 		return h, err
 	}
@@ -116,7 +119,7 @@ func newBackend(cfg Config, log *slog.Logger) (storage.Backend, func() error, er
 			if err != nil {
 				return nil, nil, fmt.Errorf("L3 directory: %w", err)
 			}
-			dir, cleanup = tmp, func() error { return os.RemoveAll(tmp) }
+			dir, cleanup = tmp, func() error { return cfg.cleanup.remove(tmp) }
 		}
 		fc := file.DefaultConfig(dir)
 		fc.Logger = log
@@ -136,7 +139,7 @@ func newBackend(cfg Config, log *slog.Logger) (storage.Backend, func() error, er
 				return nil, nil, err
 			}
 			socket = srv.Socket()
-			cleanup = func() error { return errors.Join(srv.Close(), os.RemoveAll(dir)) }
+			cleanup = func() error { return errors.Join(srv.Close(), cfg.cleanup.remove(dir)) }
 		}
 		nc := nodeclient.DefaultConfig(socket)
 		nc.ClientName = fmt.Sprintf("strata-bench-%d", os.Getpid())
@@ -173,6 +176,9 @@ func startEmbeddedNode(cfg Config, log *slog.Logger) (*node.Server, string, erro
 	nc.Admin = ""
 	nc.ArenaBytes = cfg.NodeArenaBytes
 	nc.SpillDir = filepath.Join(dir, "spill")
+	if cfg.NodeSpillBytes > 0 {
+		nc.SpillBytes = cfg.NodeSpillBytes
+	}
 	nc.RemoteAddrs = cfg.Redis
 	nc.Logger = log
 	srv, err := node.New(nc)
@@ -355,9 +361,10 @@ func (h *hicacheRun) report(r *RunReport) {
 		return
 	}
 	l3 := &L3Report{
-		Backend:      h.l3,
-		BytesRead:    s.L3.BytesRead,
-		BytesWritten: s.L3.BytesWritten,
+		Backend:          h.l3,
+		BytesRead:        s.L3.BytesRead,
+		BytesWritten:     s.L3.BytesWritten,
+		PrefetchedTokens: s.L3.PrefetchedTokens,
 		Prefetch: PrefetchOutcomes{
 			Completed:      s.L3.Prefetch.Completed,
 			TimedOut:       s.L3.Prefetch.TimedOut,

@@ -21,7 +21,7 @@ var ErrNoRuns = errors.New("report has no runs")
 
 // The figure is sized in pixels, the unit a reader of a PNG sees; vg works in points.
 const (
-	plotWidthPx  = 1200
+	plotWidthPx  = 1500
 	plotHeightPx = 500
 	plotDPI      = vgimg.DefaultDPI
 )
@@ -29,10 +29,13 @@ const (
 // pixels converts a pixel count at plotDPI to a vg length.
 func pixels(n int) vg.Length { return vg.Length(n) * vg.Inch / plotDPI }
 
-// WritePlot draws the report as a 1200x500 PNG at path: on the left each run's token
-// hit ratio as bars stacked by the tier that served the tokens, on the right each
-// run's TTFT p50 and p90 side by side. Like WriteJSON it replaces path atomically.
-// A report with no runs has nothing to draw and returns ErrNoRuns.
+// WritePlot draws the report as a 1500x500 PNG at path, in three panels: each
+// run's token hit ratio as bars stacked by the tier that served the tokens (axis
+// 0 to 100%), then each run's TTFT p50, then its p90, each on an axis of its own
+// (p90s run to hundreds of milliseconds where p50s are a few, and on one linear
+// axis the p50 bars vanished). Every bar is labelled with its value. Like
+// WriteJSON it replaces path atomically. A report with no runs has nothing to
+// draw and returns ErrNoRuns.
 func (r *Report) WritePlot(path string) error {
 	if r == nil {
 		return fmt.Errorf("plot %s: %w", path, errNilReport)
@@ -55,16 +58,21 @@ func (r *Report) renderPlot() ([]byte, error) {
 		names[i] = run.Name
 	}
 	// Bars share each panel's width between the runs, so many runs get thinner bars
-	// instead of overlapping ones. The data area is a bit under half the figure.
-	slot := (w/2 - vg.Points(80)) / vg.Length(len(r.Runs))
+	// instead of overlapping ones. The data area is a bit under a third of the figure.
+	slot := (w/3 - vg.Points(70)) / vg.Length(len(r.Runs))
+	bar := min(vg.Points(60), slot*0.6)
 
-	hits, err := r.hitRatioPlot(names, min(vg.Points(60), slot*0.6))
+	hits, err := r.hitRatioPlot(names, bar)
 	if err != nil {
 		return nil, fmt.Errorf("hit ratio panel: %w", err)
 	}
-	ttft, err := r.ttftPlot(names, min(vg.Points(30), slot*0.35))
+	p50, err := r.ttftPlot(names, bar, "TTFT p50", func(q Quantiles) float64 { return q.P50 }, 3)
 	if err != nil {
-		return nil, fmt.Errorf("TTFT panel: %w", err)
+		return nil, fmt.Errorf("TTFT p50 panel: %w", err)
+	}
+	p90, err := r.ttftPlot(names, bar, "TTFT p90", func(q Quantiles) float64 { return q.P90 }, 4)
+	if err != nil {
+		return nil, fmt.Errorf("TTFT p90 panel: %w", err)
 	}
 
 	img := vgimg.NewWith(vgimg.UseWH(w, h), vgimg.UseDPI(plotDPI))
@@ -78,15 +86,16 @@ func (r *Report) renderPlot() ([]byte, error) {
 	dc.Max.Y -= vg.Points(titleHeight)
 
 	tiles := draw.Tiles{
-		Rows: 1, Cols: 2,
+		Rows: 1, Cols: 3,
 		PadX:   vg.Points(30),
 		PadTop: vg.Points(4), PadBottom: vg.Points(10),
 		PadLeft: vg.Points(10), PadRight: vg.Points(16),
 	}
-	panels := [][]*plot.Plot{{hits, ttft}}
+	panels := [][]*plot.Plot{{hits, p50, p90}}
 	canvases := plot.Align(panels, tiles, dc)
-	hits.Draw(canvases[0][0])
-	ttft.Draw(canvases[0][1])
+	for i, p := range panels[0] {
+		p.Draw(canvases[0][i])
+	}
 
 	var buf bytes.Buffer
 	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(&buf); err != nil {
@@ -142,53 +151,83 @@ func (r *Report) hitRatioPlot(names []string, barWidth vg.Length) (*plot.Plot, e
 		p.Add(bars)
 		p.Legend.Add(fmt.Sprintf("L%d", i+1), bars)
 	}
+	// The axis is a percentage: it ends at 100. The legend sits above the data
+	// area, beside the panel's title, where no bar reaches.
 	p.Legend.Top = true
-	// Headroom above 100% keeps the legend clear of a full bar; the ticks stop at 100
-	// so the axis still reads as a percentage.
-	p.Y.Min, p.Y.Max = 0, 125
+	p.Legend.YOffs = vg.Points(16)
+	p.Y.Min, p.Y.Max = 0, 100
 	p.Y.Tick.Marker = plot.ConstantTicks([]plot.Tick{
 		{Value: 0, Label: "0"}, {Value: 25, Label: "25"}, {Value: 50, Label: "50"},
 		{Value: 75, Label: "75"}, {Value: 100, Label: "100"},
 	})
+	top := make([]float64, len(r.Runs))
+	text := make([]string, len(r.Runs))
+	for i, run := range r.Runs {
+		top[i] = min(100, 100*max(0, finite(run.HitRatio)))
+		text[i] = formatPercent(finite(run.HitRatio))
+	}
+	if err := addValueLabels(p, top, text, 100); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
-// ttftPlot groups each run's TTFT p50 and p90 bars.
-func (r *Report) ttftPlot(names []string, barWidth vg.Length) (*plot.Plot, error) {
-	p50 := make(plotter.Values, len(r.Runs))
-	p90 := make(plotter.Values, len(r.Runs))
+// addValueLabels writes each bar's value above it (inside it, near the top, when
+// the bar reaches the axis's end).
+func addValueLabels(p *plot.Plot, heights []float64, text []string, axisMax float64) error {
+	xys := make(plotter.XYs, len(heights))
+	for i, h := range heights {
+		xys[i] = plotter.XY{X: float64(i), Y: h}
+	}
+	labels, err := plotter.NewLabels(plotter.XYLabels{XYs: xys, Labels: text})
+	if err != nil {
+		return fmt.Errorf("value labels: %w", err)
+	}
+	for i := range labels.TextStyle {
+		labels.TextStyle[i].XAlign = draw.XCenter
+		labels.TextStyle[i].YAlign = draw.YBottom
+		if heights[i] > 0.92*axisMax {
+			// No room above: the label goes just inside the bar's top.
+			labels.TextStyle[i].YAlign = draw.YTop
+			labels.XYs[i].Y = heights[i] - 0.02*axisMax
+		}
+	}
+	labels.Offset.Y = vg.Points(2)
+	p.Add(labels)
+	return nil
+}
+
+// ttftPlot draws one TTFT quantile per run, on an axis from 0 to a little above
+// the largest, each bar labelled with its milliseconds.
+func (r *Report) ttftPlot(names []string, barWidth vg.Length, title string, q func(Quantiles) float64, color int) (*plot.Plot, error) {
+	vs := make(plotter.Values, len(r.Runs))
+	text := make([]string, len(r.Runs))
 	top := 0.0
 	for i, run := range r.Runs {
-		p50[i] = max(0, finite(run.TTFTms.P50))
-		p90[i] = max(0, finite(run.TTFTms.P90))
-		top = max(top, p50[i], p90[i])
+		vs[i] = max(0, finite(q(run.TTFTms)))
+		text[i] = formatMillis(vs[i])
+		top = max(top, vs[i])
 	}
-
 	p := plot.New()
-	p.Title.Text = "time to first token"
+	p.Title.Text = title
 	p.Y.Label.Text = "TTFT (ms)"
 	p.NominalX(names...)
-	for i, q := range []struct {
-		name string
-		vs   plotter.Values
-	}{{"p50", p50}, {"p90", p90}} {
-		bars, err := plotter.NewBarChart(q.vs, barWidth)
-		if err != nil {
-			return nil, fmt.Errorf("%s bars: %w", q.name, err)
-		}
-		// Colours after the tiers' so a p50 bar is not read as an L1 bar.
-		bars.Color = plotutil.Color(3 + i)
-		bars.LineStyle.Width = 0
-		bars.Offset = barWidth * vg.Length(2*i-1) / 2
-		p.Add(bars)
-		p.Legend.Add(q.name, bars)
+	bars, err := plotter.NewBarChart(vs, barWidth)
+	if err != nil {
+		return nil, fmt.Errorf("%s bars: %w", title, err)
 	}
-	p.Legend.Top = true
+	// Colours after the tiers' so a TTFT bar is not read as an L1 bar.
+	bars.Color = plotutil.Color(color)
+	bars.LineStyle.Width = 0
+	p.Add(bars)
 	if top == 0 {
 		// An all-zero axis has no scale; give it one so the panel still draws.
 		top = 1
 	}
-	p.Y.Min, p.Y.Max = 0, top*1.3
+	p.Y.Min, p.Y.Max = 0, top*1.15
+	if err := addValueLabels(p, vs, text, p.Y.Max); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 

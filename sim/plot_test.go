@@ -73,3 +73,28 @@ func TestWritePlotErrors(t *testing.T) {
 		t.Errorf("missing directory: got %v, want ErrNotExist", err)
 	}
 }
+
+// The hit ratio axis ends at 100% (it once ran to 125), and each TTFT quantile
+// has an axis of its own, so p50 bars of a few milliseconds are not flattened
+// beside p90 bars of hundreds.
+func TestPlotAxes(t *testing.T) {
+	r := &Report{Workload: "w", Runs: []RunReport{
+		{Name: "ceiling", HitRatio: 1, HitTokens: TierTokens{L1: 10}, TTFTms: Quantiles{P50: 5.8, P90: 5.8}},
+		{Name: "strata", HitRatio: 0.6, HitTokens: TierTokens{L1: 3, L2: 3}, TTFTms: Quantiles{P50: 16.6, P90: 880}},
+	}}
+	names := []string{"ceiling", "strata"}
+	hits, err := r.hitRatioPlot(names, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hits.Y.Min != 0 || hits.Y.Max != 100 {
+		t.Errorf("hit ratio axis %v to %v, want 0 to 100", hits.Y.Min, hits.Y.Max)
+	}
+	p50, err := r.ttftPlot(names, 10, "TTFT p50", func(q Quantiles) float64 { return q.P50 }, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p50.Y.Max > 20 {
+		t.Errorf("p50 axis runs to %v ms: p50 bars of 5.8 and 16.6 ms would be slivers", p50.Y.Max)
+	}
+}

@@ -36,6 +36,9 @@ type Progress struct {
 	// (plain); -1 before the first.
 	shown int
 	line  strings.Builder
+	// onStep, when set, gets every Step's count instead of a drawn line: an
+	// engine process reports its requests to the bench that started it.
+	onStep func(done int)
 }
 
 // NewProgress returns a Progress that writes to w, redrawing a bar in place when
@@ -62,6 +65,10 @@ func (p *Progress) Start(run string, total int) {
 // calls that do not move the shown percentage write nothing, so the simulator can call
 // it once per request.
 func (p *Progress) Step(done int) {
+	if p.onStep != nil {
+		p.onStep(done)
+		return
+	}
 	if !p.active || p.total == 0 {
 		return
 	}
@@ -95,6 +102,17 @@ func (p *Progress) Finish() {
 		return
 	}
 	p.printPlain(elapsed)
+}
+
+// Note prints one line of its own, finishing a run's line first.
+func (p *Progress) Note(msg string) {
+	if p.active && p.terminal {
+		_, _ = io.WriteString(p.w, "\n")
+	}
+	_, _ = io.WriteString(p.w, msg+"\n")
+	if p.active && p.terminal {
+		p.draw()
+	}
 }
 
 // percent is the integer percentage done; an empty run counts as complete.

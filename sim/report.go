@@ -35,10 +35,15 @@ type Report struct {
 	// DistinctPrefixTokens is the working set: tokens of distinct whole-page prefixes
 	// of every prompt and output in the trace.
 	DistinctPrefixTokens int64 `json:"distinct_prefix_tokens"`
+	// Notes says what the bench changed from what was asked, e.g. an L1 raised to
+	// hold the longest request.
+	Notes []string `json:"notes,omitempty"`
 	// Runs has one entry per cache configuration, in the order they ran.
 	Runs []RunReport `json:"runs"`
 	// Elapsed is the wall time of the whole bench.
 	Elapsed Duration `json:"elapsed"`
+
+	cleanup *cleaner // removals still running (Config.BackgroundCleanup)
 }
 
 // RunReport is one cache configuration's result over the trace.
@@ -72,6 +77,9 @@ type RunReport struct {
 	EvictedTokens TierTokens `json:"evicted_tokens"`
 	// L3 is the L3 tier's activity; nil for runs without L3.
 	L3 *L3Report `json:"l3,omitempty"`
+	// L3WarmHitTokens counts, with Config.L3Warm, L3 hit tokens of pages this run
+	// did not compute: the L3 was warm when it started.
+	L3WarmHitTokens int64 `json:"l3_warm_hit_tokens,omitempty"`
 	// Failed counts requests the run could not serve (larger than the device pool).
 	Failed int `json:"failed,omitempty"`
 	// Concurrency is the goroutines that served the run (summed over engine
@@ -137,6 +145,11 @@ type L3Report struct {
 	// BytesRead and BytesWritten count L3 object bytes moved.
 	BytesRead    int64 `json:"bytes_read"`
 	BytesWritten int64 `json:"bytes_written"`
+	// PrefetchedTokens counts tokens the prefetches fetched from L3 into L2. They
+	// count as L3 hits only when the request whose prefetch fetched them loads them
+	// in its match; found in L2 by a later match (the request's own after it waited
+	// for L1 room, or another request's) they are L2 hits.
+	PrefetchedTokens int64 `json:"prefetched_tokens"`
 	// Prefetch counts prefetch outcomes.
 	Prefetch PrefetchOutcomes `json:"prefetch"`
 	// Faults counts L3 errors by kind (timeout, io, corrupt, ...).

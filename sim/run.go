@@ -7,6 +7,8 @@ package sim
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -116,10 +118,47 @@ type Config struct {
 	Concurrent int `json:"concurrent,omitempty"`
 	// Runs lists the configurations to replay, in order; nil means all three.
 	Runs []string `json:"runs"`
+	// FitL1 raises L1Tokens, when the trace's longest request (prompt and output)
+	// does not fit L1, to the smallest multiple of L1Tokens that holds it, and says
+	// so in the report's notes; without it such a trace is a configuration error,
+	// since the request could never be served. The command line sets it when
+	// --l1-tokens is not given, so every workload's defaults run.
+	FitL1 bool `json:"-"`
+	// L3Namespace prefixes the strata run's L3 object names (after the model's
+	// name), so that a bench against a running node service or Redis starts from
+	// an empty namespace and never reads what earlier benches left: Run sets a fresh
+	// one when it is empty and L3Warm is false. Engine processes get the same one.
+	L3Namespace string `json:"l3Namespace,omitempty"`
+	// L3Warm names objects by the model alone, as engines do, so pages that
+	// earlier benches (or engines of this model) left in the L3 are hits; the
+	// report then counts the L3 hit tokens this run did not compute.
+	L3Warm bool `json:"l3Warm,omitempty"`
+	// FitMachine sizes what was not given from the machine: it lowers L1 (and L2
+	// with it) to fit three quarters of the available memory, and bounds the
+	// embedded node service's spill to half the temporary directory's free disk,
+	// each with a note. The command line sets it when --l1-tokens, --l2-ratio and
+	// --node-arena are not given.
+	FitMachine bool `json:"-"`
+	// Machine is what FitMachine measures; zero measures this machine.
+	Machine Machine `json:"-"`
+	// NodeSpillBytes bounds the embedded node services' spill directories; 0
+	// keeps the node service's default.
+	NodeSpillBytes int64 `json:"nodeSpillBytes,omitempty"`
+	// BackgroundCleanup leaves the removal of the bench's temporary directories
+	// running when Run returns, so that the report is out seconds earlier; the
+	// caller must then call Report.WaitCleanup.
+	BackgroundCleanup bool `json:"-"`
 	// Progress reports each run's progress; nil is silent.
 	Progress *Progress `json:"-"`
 	// Logger receives warnings; nil means slog.Default().
 	Logger *slog.Logger `json:"-"`
+
+	// allowOversize skips the check that every request fits L1, for the tests of
+	// how the replays fail requests that do not.
+	allowOversize bool
+
+	// cleanup removes temporary directories in the background (BackgroundCleanup).
+	cleanup *cleaner
 
 	// faults injects deliberate bugs into the hicache runs' caches, for the tests
 	// that prove the verification catches them; unexported, so no bench can set
@@ -244,7 +283,13 @@ func (c Config) poolSpecs() []pool.PoolSpec {
 }
 
 // Run generates the trace and replays it through every configured run.
-func Run(ctx context.Context, cfg Config) (*Report, error) {
+func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
+	defer func() {
+		if err != nil && cfg.cleanup != nil {
+			// No report to wait on: the caller cannot, so Run does.
+			cfg.cleanup.wg.Wait()
+		}
+	}()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -258,7 +303,36 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{
+	var notes []string
+	if note, err := cfg.fitL1(trace); err != nil {
+		return nil, err
+	} else if note != "" {
+		notes = append(notes, note)
+		if cfg.Progress != nil {
+			cfg.Progress.Note(note)
+		}
+	}
+	if cfg.FitMachine {
+		more, err := cfg.fitMachine(trace, cfg.Runs)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range more {
+			notes = append(notes, n)
+			if cfg.Progress != nil {
+				cfg.Progress.Note(n)
+			}
+		}
+	}
+	if cfg.BackgroundCleanup {
+		cfg.cleanup = &cleaner{}
+	}
+	if cfg.L3 != L3None && !cfg.L3Warm && cfg.L3Namespace == "" {
+		cfg.L3Namespace = freshNamespace()
+	}
+	rep = &Report{
+		cleanup:              cfg.cleanup,
+		Notes:                notes,
 		Workload:             gen.Name(),
 		Seed:                 cfg.Seed,
 		Model:                cfg.Model.Name,
@@ -299,7 +373,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	maxPages := int((trace.PromptTokens()+trace.OutputTokens())/int64(cfg.PageSize)) + 1
 	for _, name := range runs {
 		if name == RunStrata && cfg.engines() > 1 {
-			rr, err := runEngines(ctx, cfg, gen, log)
+			rr, err := runEngines(ctx, cfg, gen, len(trace.Requests), log)
 			if err != nil {
 				return nil, fmt.Errorf("run %s: %w", name, err)
 			}
@@ -316,12 +390,37 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, nil
 }
 
-func runOne(ctx context.Context, cfg Config, name string, trace workload.Trace, maxPages int) (RunReport, error) {
-	rr := RunReport{Name: name}
-	var (
-		run cacheRun
-		err error
-	)
+// fitL1 checks that the trace's longest request fits L1, raising L1 when FitL1
+// allows it; it returns the note that says so.
+func (c *Config) fitL1(trace workload.Trace) (string, error) {
+	longest := 0
+	for _, r := range trace.Requests {
+		longest = max(longest, len(r.Prompt)+len(r.Output))
+	}
+	ps := int64(c.PageSize)
+	need := (int64(longest) + ps - 1) / ps * ps
+	if need <= c.L1Tokens/ps*ps || c.allowOversize {
+		return "", nil
+	}
+	if !c.FitL1 {
+		return "", fmt.Errorf("the longest request (%d tokens with its output) needs %d tokens of L1, and L1 holds %d: give --l1-tokens %d or more, or a smaller workload: %w",
+			longest, need, c.L1Tokens, need, ErrConfig)
+	}
+	was := c.L1Tokens
+	c.L1Tokens = (need + was - 1) / was * was
+	return fmt.Sprintf("L1 raised from %d to %d tokens so that the longest request (%d tokens with its output) fits (set --l1-tokens to choose)", was, c.L1Tokens, longest), nil
+}
+
+// freshNamespace names one bench's L3 objects apart from every other bench's.
+func freshNamespace() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "bench-" + hex.EncodeToString(b[:])
+}
+
+func runOne(ctx context.Context, cfg Config, name string, trace workload.Trace, maxPages int) (rr RunReport, err error) {
+	rr = RunReport{Name: name}
+	var run cacheRun
 	switch name {
 	case RunL1Only:
 		rr.Description = "prefix cache in device memory only"
@@ -337,7 +436,15 @@ func runOne(ctx context.Context, cfg Config, name string, trace workload.Trace, 
 				rr.Description += " writing through to Redis"
 			}
 		}
-		run, err = newHicacheRun(cfg, true, true)
+		var hr *hicacheRun
+		hr, err = newHicacheRun(cfg, true, true)
+		if err == nil && cfg.L3Warm && hr.backend != nil {
+			// Count the L3 hits of pages this run never computed: what the L3
+			// held before it started.
+			hr.trackComputed()
+			defer func() { rr.L3WarmHitTokens = hr.cross }()
+		}
+		run = hr
 	}
 	if err != nil {
 		return rr, err

@@ -131,16 +131,51 @@ func TestBenchConfigErrors(t *testing.T) {
 	}
 }
 
-func TestRequestLargerThanL1Fails(t *testing.T) {
+// A request larger than L1 can never be served: without FitL1 that is a
+// configuration error before any run, with it L1 grows to hold it and the report
+// says so.
+func TestRequestLargerThanL1(t *testing.T) {
 	cfg := smallConfig()
 	cfg.L1Tokens = 256
 	cfg.Runs = []string{RunL1Only}
+	if _, err := Run(context.Background(), cfg); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "--l1-tokens") {
+		t.Fatalf("L1 smaller than a request: %v, want ErrConfig naming --l1-tokens", err)
+	}
+	cfg.FitL1 = true
 	rep, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Runs[0].Failed == 0 {
-		t.Fatal("requests larger than L1 were not reported as failed")
+	if rep.Runs[0].Failed != 0 || rep.L1Tokens <= 256 || rep.L1Tokens%256 != 0 {
+		t.Fatalf("fitted L1: %d tokens, %d failed", rep.L1Tokens, rep.Runs[0].Failed)
+	}
+	if len(rep.Notes) != 1 || !strings.Contains(rep.Notes[0], "L1 raised from 256") {
+		t.Fatalf("notes %q", rep.Notes)
+	}
+}
+
+// The ceiling bounds strata: on long documents behind an L1 that holds one
+// request at a time, strata's requests wait for L1 and find the document cached
+// by then; a ceiling that took hits at admission (as it once did) missed them
+// and came out below strata.
+func TestCeilingBoundsStrata(t *testing.T) {
+	for _, l1 := range []int64{2048, 4096} {
+		cfg := sequential(smallConfig())
+		lc := workload.DefaultLongContext()
+		lc.Documents, lc.DocumentTokens, lc.QuestionsPerDocument, lc.QuestionTokens, lc.OutputTokens = 2, 1536, 6, 64, 16
+		lc.RequestRate = 40
+		cfg.Workload = lc
+		cfg.PageSize, cfg.L1Tokens, cfg.L3 = 64, l1, L3None
+		rep, err := Run(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ceiling, _ := rep.run(RunCeiling)
+		for _, r := range rep.Runs {
+			if r.HitTokens.Total() > ceiling.HitTokens.Total() {
+				t.Errorf("L1 %d: %s hit %d tokens, above the ceiling's %d", l1, r.Name, r.HitTokens.Total(), ceiling.HitTokens.Total())
+			}
+		}
 	}
 }
 
@@ -212,5 +247,47 @@ func TestNodeRefusesTheDraftPoolByQuota(t *testing.T) {
 	}
 	if s := srv.Stats(); s.Ops.Refused == 0 {
 		t.Fatalf("service did not count the refusal: %+v", s.Ops)
+	}
+}
+
+// Each bench names its L3 objects in a fresh namespace, so a second bench on the
+// same L3 finds it empty and reports what the first did; --l3-warm reads what
+// earlier benches left and counts it.
+func TestBenchStartsFromAnEmptyL3UnlessWarm(t *testing.T) {
+	cfg := sequential(smallConfig())
+	cfg.L3, cfg.L3Dir, cfg.L2Ratio = L3File, t.TempDir(), 1
+	cfg.Runs = []string{RunStrata}
+	first, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := first.Runs[0], second.Runs[0]
+	if a.HitTokens.L3 == 0 {
+		t.Fatalf("no L3 hits to compare: %+v", a.HitTokens)
+	}
+	if a.HitTokens != b.HitTokens || b.L3WarmHitTokens != 0 {
+		t.Fatalf("second bench on the same L3 hit %+v (warm %d), the first %+v", b.HitTokens, b.L3WarmHitTokens, a.HitTokens)
+	}
+	cfg.L3Warm = true
+	if _, err := Run(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	warm, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := warm.Runs[0]; w.L3WarmHitTokens == 0 || w.HitTokens.Total() <= a.HitTokens.Total() {
+		t.Fatalf("warm bench: hits %+v, warm L3 hit tokens %d; cold %+v", w.HitTokens, w.L3WarmHitTokens, a.HitTokens)
+	}
+	var buf strings.Builder
+	if err := warm.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "L3 started warm") {
+		t.Fatalf("table does not say the L3 was warm:\n%s", buf.String())
 	}
 }

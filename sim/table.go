@@ -39,6 +39,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 		buf.WriteString("no runs\n")
 	} else {
 		r.writeRuns(&buf)
+		r.writeLegend(&buf)
 		r.writeCorrupt(&buf)
 		r.writeRunNotes(&buf)
 		r.writeComparison(&buf)
@@ -127,6 +128,15 @@ func (r *Report) writeRuns(buf *bytes.Buffer) {
 	}
 }
 
+// writeLegend says, in two lines, what the columns a reader cannot guess mean.
+func (r *Report) writeLegend(buf *bytes.Buffer) {
+	buf.WriteString("verified: hit pages checked byte for byte, every pool, against the KV they must hold (corrupt must be 0")
+	if _, ok := r.run(RunCeiling); ok {
+		buf.WriteString("; the ceiling keeps keys, not bytes: 0")
+	}
+	buf.WriteString(")\nload-back GB/s: hit pages copied L2 to L1, bytes over the copies' wall time; TTFT: queueing + modelled prefill of missed tokens + measured load\n")
+}
+
 // writeCorrupt names every run that served corrupt pages. A corrupt page means strata
 // handed the engine wrong KV, which silently degrades output, so it is never folded
 // into a table cell where it could be missed.
@@ -146,8 +156,12 @@ func (r *Report) writeCorrupt(buf *bytes.Buffer) {
 // writeRunNotes writes what does not fit a table cell: each run's L3 activity, failed
 // requests and recomputed draft pages.
 func (r *Report) writeRunNotes(buf *bytes.Buffer) {
-	var notes []string
+	notes := slices.Clone(r.Notes)
 	for _, run := range r.Runs {
+		if run.L3WarmHitTokens > 0 {
+			notes = append(notes, fmt.Sprintf("%s: L3 started warm (--l3-warm): %s L3 hit tokens are pages this run did not compute",
+				run.Name, groupDigits(run.L3WarmHitTokens)))
+		}
 		if run.Failed > 0 {
 			notes = append(notes, fmt.Sprintf("%s: %d requests failed (larger than the device pool)", run.Name, run.Failed))
 		}
@@ -172,6 +186,12 @@ func (r *Report) writeRunNotes(buf *bytes.Buffer) {
 		}
 		if run.L3 != nil {
 			notes = append(notes, run.Name+": "+describeL3(run.L3))
+			if extra := run.L3.PrefetchedTokens - run.HitTokens.L3; extra > 0 {
+				// L3 read bytes beside few L3 hits looks like waste; say where they went.
+				notes = append(notes, fmt.Sprintf("%s: prefetches fetched %s tokens from L3 into L2; %s were L3 hits of the request that prefetched them, "+
+					"the rest count as L2 hits when a later match found them in L2 (that request after it waited for L1 room, or another one) or were evicted unused",
+					run.Name, groupDigits(run.L3.PrefetchedTokens), groupDigits(run.HitTokens.L3)))
+			}
 		}
 	}
 	if len(notes) == 0 {

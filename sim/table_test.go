@@ -396,3 +396,19 @@ func nan() float64 {
 	zero := 0.0
 	return zero / zero
 }
+
+// L3 bytes read beside few L3 hits are explained: prefetched tokens that a later
+// match found in L2 count there.
+func TestTableExplainsPrefetchedTokensThatAreNotL3Hits(t *testing.T) {
+	r := outputTestReport()
+	r.Runs = r.Runs[2:]
+	r.Runs[0].L3 = &L3Report{Backend: "node", BytesRead: 3 << 30, PrefetchedTokens: 26_000}
+	r.Runs[0].HitTokens.L3 = 0
+	var buf strings.Builder
+	if err := r.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "prefetches fetched 26,000 tokens from L3 into L2; 0 were L3 hits") {
+		t.Fatalf("no explanation of L3 reads without L3 hits:\n%s", buf.String())
+	}
+}

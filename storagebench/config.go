@@ -20,6 +20,14 @@ import (
 // which setting to change.
 var ErrConfig = errors.New("invalid storage benchmark configuration")
 
+// ErrMemory reports a run larger than the host memory available; it wraps
+// ErrConfig too. Fewer batches need less.
+var ErrMemory = errors.New("not enough host memory for the run")
+
+// ErrPutsSkipped reports a store that already holds objects the run would put:
+// write-once puts of them would move nothing, so their figures would be false.
+var ErrPutsSkipped = errors.New("the store already holds the run's objects")
+
 // Shape is the page a run moves: a model's KV geometry on one rank and the page
 // size in tokens. Pools are laid out page_first, so each part of a page's object
 // is one contiguous run of host memory.
@@ -132,6 +140,11 @@ type Config struct {
 	ExistsCalls int `json:"existsCalls"`
 	// Seed makes the tokens, hence the keys, and the page contents.
 	Seed uint64 `json:"seed"`
+	// Namespace prefixes the names of every object the run stores; empty means a
+	// fresh one per run, so that a run against a running service never finds the
+	// objects of an earlier one (whose puts would be skipped, write-once, and
+	// measure nothing). A run refuses to measure puts of objects that exist.
+	Namespace string `json:"namespace,omitempty"`
 	// Progress, when set, receives a line as each phase starts.
 	Progress io.Writer `json:"-"`
 	// Socket, for the node backend, is the socket of a running node service to

@@ -68,8 +68,8 @@ func NodeTarget(s Scratch) (t Target, err error) {
 		need += arenaBytes
 	}
 	if a, aerr := avail(); aerr == nil && a < need {
-		return Target{}, fmt.Errorf("the node run needs %s of host memory (a %s arena, host pools, peers) and %s is available: lower --batches or --pages-per-batch, or give --no-redis: %w",
-			formatBytes(need), formatBytes(arenaBytes), formatBytes(a), ErrConfig)
+		return Target{}, fmt.Errorf("the node run needs %s of host memory (a %s arena, host pools, peers) and %s is available: lower --batches or --pages-per-batch, or give --no-redis: %w: %w",
+			formatBytes(need), formatBytes(arenaBytes), formatBytes(a), ErrMemory, ErrConfig)
 	}
 
 	if socket == "" {
@@ -104,8 +104,10 @@ func NodeTarget(s Scratch) (t Target, err error) {
 				socket, describeStat(err), socket)
 		}
 		t.Describe = "service at " + socket
+		t.Remove = func(ctx context.Context, names []string) error { return removeFromNode(ctx, socket, names) }
 		t.Notes = append(t.Notes, fmt.Sprintf("the node service at %s is measured as it runs: the memcpy peers assume it has %d copy workers (the default); "+
-			"its arena must hold %s (the run's objects three times over, one engine then two, and two warm-up batches) or gets miss", socket, workers, formatBytes(stored)))
+			"its arena must hold %s (the run's objects three times over, one engine then two, and two warm-up batches) or gets miss; "+
+			"the run's objects are in a namespace of their own and removed afterwards (unless --keep)", socket, workers, formatBytes(stored)))
 	}
 	t.New = func(ctx context.Context) (storage.Backend, error) {
 		cfg := nodeclient.DefaultConfig(socket)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -195,9 +196,27 @@ func TestRunNodeExternalService(t *testing.T) {
 	if rep.BackendSettings != "service at "+srv.Socket() || !strings.Contains(strings.Join(rep.Notes, "\n"), "assume it has 2 copy workers") {
 		t.Errorf("settings %q, notes %q", rep.BackendSettings, rep.Notes)
 	}
-	// The service outlives the run.
+	// The service outlives the run, and holds nothing of it.
 	if _, err := os.Stat(srv.Socket()); err != nil {
 		t.Errorf("the run removed the service's socket: %v", err)
+	}
+	if n := srv.Stats().Arena.Objects; n != 0 {
+		t.Errorf("the run left %d objects in the service", n)
+	}
+	// A second run measures puts again (it once found every object there and
+	// reported skipped puts as a bandwidth).
+	again, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkNodeReport(t, again, cfg)
+	// Objects that exist under the run's names are refused, not measured.
+	cfg.Namespace, cfg.Keep = "fixed", true
+	if _, err := Run(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Run(context.Background(), cfg); !errors.Is(err, ErrPutsSkipped) {
+		t.Errorf("a run over its own objects: %v, want ErrPutsSkipped", err)
 	}
 }
 
@@ -215,8 +234,8 @@ func TestRunNodeChecksMemory(t *testing.T) {
 	cfg.NoRedis = true
 	cfg.Available = func() (int64, error) { return 1 << 30, nil } // the allocator's reserve alone
 	_, err := Run(context.Background(), cfg)
-	if err == nil || !strings.Contains(err.Error(), "lower --batches") {
-		t.Fatalf("Run without memory = %v", err)
+	if err == nil || !strings.Contains(err.Error(), "lower --batches") || !errors.Is(err, ErrMemory) || !errors.Is(err, ErrConfig) {
+		t.Fatalf("Run without memory = %v, want ErrMemory and ErrConfig naming --batches", err)
 	}
 }
 

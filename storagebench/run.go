@@ -2,6 +2,8 @@ package storagebench
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -50,7 +52,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scratch directory: %w", err)
 	}
-	r := &run{cfg: cfg, shape: shape, scratch: scratch, seen: map[pagekey.Key]struct{}{}}
+	r := &run{cfg: cfg, shape: shape, scratch: scratch, seen: map[pagekey.Key]struct{}{}, namespace: cfg.Namespace}
+	if r.namespace == "" {
+		var b [6]byte
+		_, _ = crand.Read(b[:])
+		r.namespace = "tiers-" + hex.EncodeToString(b[:])
+	}
 	r.rep = &Report{
 		Backend:       name,
 		Shape:         shape.Name,
@@ -87,6 +94,8 @@ type run struct {
 	e           *engine           // the one engine of the main phases
 	seen        map[pagekey.Key]struct{}
 	peersClosed bool
+	namespace   string    // prefixes every object name
+	engines     []*engine // every engine made, whose objects Remove takes
 }
 
 // engine is one client of the backend: its host pool, its keys and the hashes of
@@ -206,16 +215,60 @@ func (r *run) newEngine(ctx context.Context, backend storage.Backend, group *poo
 		e.hp = group.Target()
 		e.holdAll = r.e.holdAll
 	}
-	e.spec = storage.SpecOf(e.hp, pagekey.Names{})
+	e.spec = storage.SpecOf(e.hp, pagekey.Names{ModelPrefix: r.namespace})
 	if group == nil {
 		if err := backend.RegisterPool(ctx, e.spec); err != nil {
 			return nil, fmt.Errorf("register %s with the %s backend: %w", e.pool(), r.rep.Backend, err)
 		}
 	}
+	r.engines = append(r.engines, e)
 	if err := e.makeKeys(set); err != nil {
 		return nil, err
 	}
+	if err := e.checkAbsent(ctx); err != nil {
+		return nil, err
+	}
 	return e, nil
+}
+
+// checkAbsent refuses to measure puts that would be skipped: the store is
+// write-once, so a put of an object that exists moves no data and would report
+// a bandwidth (and a ratio to memcpy) of nothing. The objects go in whole
+// batches, so the first key of each tells.
+func (e *engine) checkAbsent(ctx context.Context) error {
+	present := 0
+	for _, keys := range e.keys {
+		n, err := e.backend.Exists(ctx, pagekey.TargetPool, keys[:1])
+		if err != nil {
+			return fmt.Errorf("check that the %s backend does not hold this run's objects yet: %w", e.r.rep.Backend, err)
+		}
+		present += n
+	}
+	if present > 0 {
+		return fmt.Errorf("%d of %d batches of this run's objects already exist in the %s backend (namespace %q): their puts would be skipped and measure nothing, so no put figure or ratio is reported; use another namespace, or remove them: %w",
+			present, len(e.keys), e.r.rep.Backend, e.r.namespace, ErrPutsSkipped)
+	}
+	return nil
+}
+
+// removeWritten removes every object the run wrote from a store that outlives it.
+func (r *run) removeWritten() error {
+	if r.cfg.Keep || !r.targetBuilt || r.target.Remove == nil || len(r.engines) == 0 {
+		return nil
+	}
+	var names []string
+	for _, e := range r.engines {
+		for b := range e.keys {
+			names = append(names, e.names(b)...)
+		}
+	}
+	r.progress("removing the run's %d objects from the %s backend", len(names), r.rep.Backend)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := r.target.Remove(ctx, names); err != nil {
+		return fmt.Errorf("remove the run's objects from the %s backend: %w", r.rep.Backend, err)
+	}
+	return nil
 }
 
 // of is "engine 2's " for a labelled engine, "" for the main one.
@@ -767,7 +820,7 @@ func (r *run) closePeers() error {
 // close releases everything the run opened and removes the scratch directory
 // unless it is to be kept.
 func (r *run) close() error {
-	var errs []error
+	errs := []error{r.removeWritten()}
 	if r.targetBuilt {
 		errs = append(errs, r.closePeers())
 		if r.target.Pair != nil {

@@ -74,6 +74,10 @@ type Target struct {
 	// Forget, when set, removes a batch's objects (named as the backend and a
 	// NamedPeer store them) from the backend and the peers, untimed.
 	Forget func(ctx context.Context, names []string) error
+	// Remove, when set, removes objects the run stored in a store that outlives
+	// it (a running node service), by the names the backend stores them under;
+	// the run calls it with every object it wrote, unless Keep, before Close.
+	Remove func(ctx context.Context, names []string) error
 	// Close, when set, releases what the target started (an embedded service). The
 	// run calls it after closing the backends and peers.
 	Close func() error

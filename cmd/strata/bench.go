@@ -14,7 +14,7 @@ import (
 	"github.com/stratakv/strata/workload"
 )
 
-func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) (err error) {
 	if len(args) > 0 && args[0] == "tiers" {
 		return runTiers(ctx, args[1:], stdout, stderr)
 	}
@@ -35,6 +35,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	maxRunning := fs.Int("max-running", def.MaxRunning, "most requests the simulated engine runs at once")
 	concurrent := fs.Int("concurrent", 0, "serve the l1-only and strata runs from N goroutines, with no wait for copies between requests, to find concurrency bugs: every page is still verified, hits vary run to run (0 = the deterministic event loop)")
 	runs := fs.String("runs", "l1-only,ceiling,strata", "runs to replay, comma-separated")
+	l3Warm := fs.Bool("l3-warm", false, "name L3 objects by the model alone, as engines do, so what earlier benches left in --socket or --redis is hit (and counted in the report); default: a fresh namespace per bench, so every bench starts from an empty L3")
 	l3 := fs.String("l3", def.L3, "strata's L3 backend: node (the node service), redis, file or none")
 	redisAddrs := fs.String("redis", "", "Redis Cluster node(s) or server, host:port,...: the L3 with --l3 redis, the node services' remote tier with --l3 node (default where needed: start a local 3-master cluster, if redis-server is installed)")
 	nodes := fs.Int("nodes", 1, "node L3: node services started in this process, writing through to one Redis, engines spread over them (the strata run only)")
@@ -64,12 +65,20 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	documents := fs.Int("documents", 0, "long-context: documents")
 	documentTokens := fs.Int("document-tokens", 0, "long-context: document length")
 	questions := fs.Int("questions", 0, "long-context: questions per document")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: strata bench [flags]          the workload simulator: l1-only, ceiling and strata runs of one trace")
+		fmt.Fprintln(fs.Output(), "       strata bench tiers [flags]    the storage benchmark: an L3 backend's put/get vs its physical limit (strata bench tiers -h)")
+		fs.PrintDefaults()
+	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if *nodes < 1 {
+		return usagef("--nodes %d: want 1 to 16 node services", *nodes)
+	}
 	cfg := def
 	cfg.Seed = *seed
-	var err error
+
 	if cfg.Model, err = sim.ModelByName(*model); err != nil {
 		return usagef("--model: %w", err)
 	}
@@ -145,10 +154,23 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		setRate(&g.RequestRate)
 	}
 	cfg.Workload = gen
+	cfg.L3Warm = *l3Warm
+	// Without --l1-tokens, L1 grows to hold the workload's longest request, so
+	// every workload runs on its defaults.
+	cfg.FitL1 = !flagSet(fs, "l1-tokens")
+	// Without sizes given, the bench sizes itself to this machine's memory and disk.
+	cfg.FitMachine = !flagSet(fs, "l1-tokens") && !flagSet(fs, "l2-ratio") && !flagSet(fs, "node-arena")
 	if err := cfg.Validate(); err != nil {
 		return usageError{err}
 	}
+	// Check every path, address and socket before the first run, not after it.
+	if err := benchPreflight(ctx, cfg, *jsonPath, *plotPath); err != nil {
+		return err
+	}
 	cfg.Progress = sim.NewProgress(stderr, isTerminalWriter(stderr))
+	// The temporary spill directory (gigabytes) is removed while the report is
+	// printed, not before.
+	cfg.BackgroundCleanup = true
 	rep, err := sim.Run(ctx, cfg)
 	if err != nil {
 		if isUsage(err) {
@@ -156,6 +178,11 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		}
 		return err
 	}
+	defer func() {
+		if cerr := rep.WaitCleanup(stderr); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
 	if err := rep.WriteTable(stdout); err != nil {
 		return err
 	}
@@ -172,6 +199,11 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	for _, r := range rep.Runs {
 		if r.CorruptPages > 0 {
 			return fmt.Errorf("run %s served %d corrupt pages", r.Name, r.CorruptPages)
+		}
+	}
+	for _, r := range rep.Runs {
+		if r.Failed > 0 {
+			return fmt.Errorf("run %s: %d requests failed (larger than the device pool): its figures leave them out; give a larger --l1-tokens", r.Name, r.Failed)
 		}
 	}
 	return nil

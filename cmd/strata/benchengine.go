@@ -22,7 +22,7 @@ func runBenchEngine(ctx context.Context, args []string, stdin io.Reader, stdout,
 	if err := dec.Decode(&job); err != nil {
 		return usagef("bench-engine job: %w", err)
 	}
-	res, err := sim.RunEngine(ctx, job)
+	res, err := sim.RunEngine(ctx, job, stderr)
 	if err != nil {
 		return fmt.Errorf("engine %d: %w", job.Engine, err)
 	}

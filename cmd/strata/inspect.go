@@ -22,6 +22,9 @@ func runInspect(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if *timeout <= 0 {
+		return usagef("--timeout %v: want a positive duration, e.g. 5s", *timeout)
+	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	st, raw, err := fetchStats(ctx, *socket)
@@ -46,7 +49,8 @@ func fetchStats(ctx context.Context, socket string) (node.Stats, []byte, error) 
 	var st node.Stats
 	conn, err := wire.Dial(ctx, socket)
 	if err != nil {
-		return st, nil, fmt.Errorf("connect to the node service at %s: %w (is `strata serve --socket %s` running?)", socket, err, socket)
+		// wire.Dial's error names the socket already.
+		return st, nil, fmt.Errorf("%w (is `strata serve --socket %s` running?)", err, socket)
 	}
 	defer conn.Close()
 	call := func(id uint64, t wire.Type, msg wire.Message) (wire.Message, error) {

@@ -43,9 +43,20 @@ func runKeys(_ context.Context, args []string, stdin io.Reader, stdout, stderr i
 	if err != nil {
 		return usagef("stdin: %w", err)
 	}
+	keys := h.Keys(h.Seed(ns), tokens)
+	if len(keys) == 0 {
+		// Nothing on stdout is right (no whole page, no key), but silence reads as
+		// a failure: say why.
+		need := *pageSize
+		if *bigram {
+			need++ // bigram keys pair each token with the next
+		}
+		fmt.Fprintf(stderr, "strata keys: %d tokens make no whole page of %d tokens (%d tokens needed): no keys\n", len(tokens), *pageSize, need)
+		return nil
+	}
 	w := bufio.NewWriter(stdout)
 	line := make([]byte, 0, 2*pagekey.MaxDigestSize+1)
-	for _, k := range h.Keys(h.Seed(ns), tokens) {
+	for _, k := range keys {
 		line = append(k.AppendHex(line[:0]), '\n')
 		if _, err := w.Write(line); err != nil {
 			return err

@@ -21,6 +21,9 @@ import (
 // exitUsage is the status for bad flags or bad input, as the issue and POSIX tools use.
 const exitUsage = 2
 
+// exitInterrupted is the status after SIGINT or SIGTERM, as shells report 128+SIGINT.
+const exitInterrupted = 130
+
 // usageError marks an error in the caller's input (flags, stdin), not a failure of
 // strata: it exits with status 2. Its message is the wrapped error's.
 type usageError struct{ err error }
@@ -76,6 +79,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if err := c.run(ctx, args[1:], stdin, stdout, stderr); err != nil {
 		if errors.Is(err, errHelp) {
 			return 0
+		}
+		if ctx.Err() != nil {
+			// The user stopped it: what failed after that (a run canceled, an engine
+			// process killed) is the interruption, not an error of its own.
+			fmt.Fprintf(stderr, "strata %s: interrupted\n", args[0])
+			return exitInterrupted
 		}
 		fmt.Fprintf(stderr, "strata %s: %v\n", args[0], oneLine(err))
 		if u := (usageError{}); errors.As(err, &u) {

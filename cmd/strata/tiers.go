@@ -63,8 +63,31 @@ func runTiers(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return usagef("--dir %s: not a directory", cfg.Dir)
 		}
 	}
+	// Paths and addresses are checked before the run, not after it.
+	if *jsonPath != "" {
+		if err := checkOutputFile(*jsonPath); err != nil {
+			return usagef("--json: %w", err)
+		}
+	}
+	if cfg.Socket != "" {
+		if err := checkSocket(ctx, cfg.Socket); err != nil {
+			return usagef("--socket: %w", err)
+		}
+	}
+	if len(cfg.Redis) > 0 {
+		if err := checkTCP(ctx, cfg.Redis); err != nil {
+			return usagef("--redis: %w", err)
+		}
+	}
 	cfg.Progress = stderr
 	rep, err := storagebench.Run(ctx, cfg)
+	// Without --batches, the run sizes itself to the machine: fewer batches until
+	// it fits the available memory.
+	for errors.Is(err, storagebench.ErrMemory) && !flagSet(fs, "batches") && cfg.Batches > 1 {
+		fmt.Fprintf(stderr, "bench tiers: %d batches do not fit this machine's memory; running %d (set --batches to choose)\n", cfg.Batches, cfg.Batches/2)
+		cfg.Batches /= 2
+		rep, err = storagebench.Run(ctx, cfg)
+	}
 	if err != nil {
 		if errors.Is(err, storagebench.ErrConfig) {
 			return usageError{err}

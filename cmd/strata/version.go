@@ -28,11 +28,33 @@ func buildVersion() string {
 	if !ok {
 		return "(unknown)"
 	}
-	v := info.Main.Version
+	return describeBuild(info)
+}
+
+// describeBuild renders the module version, the commit it was built from (with
+// "-dirty" for uncommitted changes, and its time) and the Go version. `go build`
+// and `go install` in a checkout record the commit; `go run` and `go test` do not,
+// and then the line says so rather than print nothing.
+func describeBuild(info *debug.BuildInfo) string {
+	settings := map[string]string{}
 	for _, s := range info.Settings {
-		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-			v += " " + s.Value[:12]
+		settings[s.Key] = s.Value
+	}
+	v := info.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	switch rev := settings["vcs.revision"]; {
+	case rev != "":
+		v += " commit " + rev[:min(len(rev), 12)]
+		if settings["vcs.modified"] == "true" {
+			v += "-dirty"
 		}
+		if t := settings["vcs.time"]; t != "" {
+			v += " (" + t + ")"
+		}
+	default:
+		v += " commit unknown (built without VCS information: go build in a git checkout records it, go run, go test and -buildvcs=false do not)"
 	}
 	return v + " " + info.GoVersion
 }

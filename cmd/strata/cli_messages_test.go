@@ -1,0 +1,70 @@
+package main
+
+import (
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"testing"
+)
+
+func TestBenchHelpMentionsTiers(t *testing.T) {
+	code, _, errs := runCLI(t, "", "bench", "-h")
+	if code != 0 || !strings.Contains(errs, "strata bench tiers [flags]") {
+		t.Fatalf("exit %d, help:\n%s", code, errs)
+	}
+}
+
+// --nodes 0 is refused as -1 is, before any run.
+func TestBenchNodesBelowOneRefused(t *testing.T) {
+	for _, n := range []string{"0", "-1"} {
+		code, out, errs := runCLI(t, "", "bench", "--nodes", n)
+		if code != 2 || out != "" || !strings.Contains(errs, "--nodes "+n) {
+			t.Errorf("--nodes %s: exit %d, stderr %q", n, code, errs)
+		}
+	}
+}
+
+func TestInspectTimeoutMustBePositive(t *testing.T) {
+	for _, d := range []string{"0s", "-1s"} {
+		code, _, errs := runCLI(t, "", "inspect", "--socket", filepath.Join(t.TempDir(), "none.sock"), "--timeout", d)
+		if code != 2 || !strings.Contains(errs, "--timeout") {
+			t.Errorf("--timeout %s: exit %d, stderr %q", d, code, errs)
+		}
+	}
+}
+
+// A service that is not there is named once, not twice.
+func TestInspectNoServiceSaysSoOnce(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	code, _, errs := runCLI(t, "", "inspect", "--socket", sock)
+	if code != 1 || strings.Count(errs, "node service at") != 1 || !strings.Contains(errs, "strata serve --socket "+sock) {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+}
+
+// Fewer tokens than a page give no key, and stderr says why.
+func TestKeysFewerTokensThanAPageSaysSo(t *testing.T) {
+	code, out, errs := runCLI(t, "1 2 3", "keys", "--page-size", "4")
+	if code != 0 || out != "" || !strings.Contains(errs, "3 tokens make no whole page of 4 tokens") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	code, out, errs = runCLI(t, "1 2 3 4", "keys", "--page-size", "4", "--bigram")
+	if code != 0 || out != "" || !strings.Contains(errs, "(5 tokens needed)") {
+		t.Fatalf("bigram: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
+
+func TestVersionNamesTheCommit(t *testing.T) {
+	info := &debug.BuildInfo{GoVersion: "go1.26", Main: debug.Module{Version: "v1.0.0"}, Settings: []debug.BuildSetting{
+		{Key: "vcs.revision", Value: "0123456789abcdef0123"}, {Key: "vcs.modified", Value: "true"}, {Key: "vcs.time", Value: "2026-01-02T03:04:05Z"}}}
+	if got, want := describeBuild(info), "v1.0.0 commit 0123456789ab-dirty (2026-01-02T03:04:05Z) go1.26"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got := describeBuild(&debug.BuildInfo{GoVersion: "go1.26"}); !strings.Contains(got, "commit unknown") {
+		t.Errorf("without VCS settings: %q", got)
+	}
+	code, out, _ := runCLI(t, "", "version")
+	if code != 0 || !strings.Contains(out, "commit ") {
+		t.Errorf("version: exit %d, %q", code, out)
+	}
+}
