@@ -847,9 +847,7 @@ func appendHolders[E radix.Elem](out, nodes []*radix.Node[E], pages []pool.PageI
 	return out
 }
 
-func hasDeviceChild[E radix.Elem](n *radix.Node[E]) bool {
-	return slices.ContainsFunc(n.Children(), func(c *radix.Node[E]) bool { return c.Device() != nil })
-}
+func hasDeviceChild[E radix.Elem](n *radix.Node[E]) bool { return n.DeviceChildren() > 0 }
 
 // retry keeps the nodes (still in the tree) that fix could not settle yet.
 func (c *core[E]) retry(nodes []*radix.Node[E], fix func(*radix.Node[E]) bool) []*radix.Node[E] {

@@ -37,15 +37,62 @@ type CopyConfig struct {
 	// unit. Smaller jobs spread a small transfer over more workers but cost
 	// scheduling; 4 suits pages of 64 tokens.
 	MinPagesPerJob int `json:"minPagesPerJob"`
+	// LayersPerJob is how many adjacent layers one backup job copies together (and
+	// one load job, when LoadLeadLayers is negative), for device pools that
+	// implement LayerGroupPool; others copy layer by layer. A group reads or writes
+	// a page_first page's entries of all its layers as one run per token instead of
+	// one short strided run per layer, which is what lets a copy run near memory
+	// bandwidth rather than at read latency. Backups read the layer_first side as
+	// one sequential stream per layer of the group, and a CPU's stream prefetchers
+	// follow only so many streams at once, so small groups beat whole pages there
+	// (on a 2-core Zen 3: 4 layers 0.79-0.88x of memcpy, 8 0.52-0.77x, 32 0.38-0.53x).
+	// 0 means the default, 4.
+	LayersPerJob int `json:"layersPerJob,omitempty"`
+	// LoadLeadLayers shapes loads, which requests wait on layer by layer: layers 0
+	// through LoadLeadLayers-1 are copied first, as one group, and all later layers
+	// follow as a second group. The lead group reads a short strided run per token,
+	// the tail reads nearly whole token rows of a page_first page, close to
+	// sequential; so layer 0 is ready early and the whole load is near the speed of
+	// whole-page copies, faster than groups of equal size, whose every group reads
+	// short runs. 0 means the default, 1; a negative value makes loads use groups of
+	// LayersPerJob like backups.
+	LoadLeadLayers int `json:"loadLeadLayers,omitempty"`
 }
 
-// DefaultCopyConfig returns GOMAXPROCS workers and 4-page jobs.
+const (
+	defaultLayersPerJob   = 4
+	defaultLoadLeadLayers = 1
+)
+
+// DefaultCopyConfig returns GOMAXPROCS workers, 4-page jobs, 4-layer backup groups
+// and loads led by layer 0.
 func DefaultCopyConfig() CopyConfig {
-	return CopyConfig{Workers: runtime.GOMAXPROCS(0), MinPagesPerJob: 4}
+	return CopyConfig{Workers: runtime.GOMAXPROCS(0), MinPagesPerJob: 4, LayersPerJob: defaultLayersPerJob, LoadLeadLayers: defaultLoadLeadLayers}
 }
 
-// CopyEngine moves pages between device and host pools on worker goroutines, one
-// layer at a time, so a consumer can start on layer i while later layers copy.
+// layerGroups splits layers 0..L-1 into the groups that the jobs of one direction
+// copy, as (first, count) pairs in layer order.
+func (c CopyConfig) layerGroups(dir Direction, L int) [][2]int {
+	var groups [][2]int
+	if dir == Load && c.LoadLeadLayers >= 0 {
+		lead := min(c.LoadLeadLayers, L)
+		groups = append(groups, [2]int{0, lead})
+		if lead < L {
+			groups = append(groups, [2]int{lead, L - lead})
+		}
+		return groups
+	}
+	for l := 0; l < L; l += c.LayersPerJob {
+		groups = append(groups, [2]int{l, min(c.LayersPerJob, L-l)})
+	}
+	return groups
+}
+
+// CopyEngine moves pages between device and host pools on worker goroutines, in
+// layer order, closing each layer as it completes, so a consumer can start on layer
+// 0 while later layers copy. Jobs copy one layer or a group of layers (see
+// CopyConfig.LoadLeadLayers and LayersPerJob): by default a load copies layer 0
+// first and then every other layer in one pass over each page.
 // Loads go ahead of backups waiting in the queue: a request waits on a load, nobody
 // waits on a backup. It is safe for concurrent use; Close stops the workers.
 type CopyEngine struct {
@@ -75,6 +122,15 @@ func NewCopyEngine(cfg CopyConfig) (*CopyEngine, error) {
 	}
 	if cfg.MinPagesPerJob < 1 {
 		return nil, fmt.Errorf("copy engine: %d pages per job, want at least 1: %w", cfg.MinPagesPerJob, ErrConfig)
+	}
+	if cfg.LayersPerJob < 0 {
+		return nil, fmt.Errorf("copy engine: %d layers per job, want at least 1 (or 0 for the default): %w", cfg.LayersPerJob, ErrConfig)
+	}
+	if cfg.LayersPerJob == 0 {
+		cfg.LayersPerJob = defaultLayersPerJob
+	}
+	if cfg.LoadLeadLayers == 0 {
+		cfg.LoadLeadLayers = defaultLoadLeadLayers
 	}
 	e := &CopyEngine{cfg: cfg}
 	e.cond = sync.NewCond(&e.mu)
@@ -106,7 +162,9 @@ func (e *CopyEngine) Close() {
 	defer e.mu.Unlock()
 	for _, q := range []*jobQueue{&e.loads, &e.backups} {
 		for j, ok := q.pop(); ok; j, ok = q.pop() {
-			j.t.finish(j.pool, j.layer, fmt.Errorf("copy engine closed before %s of layer %d: %w", j.t.dir, j.layer, ErrClosed))
+			for l := j.layer; l < j.layer+j.layers; l++ {
+				j.t.finish(j.pool, l, fmt.Errorf("copy engine closed before %s of layer %d: %w", j.t.dir, l, ErrClosed))
+			}
 		}
 	}
 }
@@ -136,11 +194,18 @@ func (e *CopyEngine) start(dir Direction, dev DeviceGroup, host *Group, moves []
 	chunks = max(1, min(chunks, e.cfg.Workers))
 	var jobs []job
 	for p, dp := range dev.Pools {
-		for l := 0; l < dp.Layout().Geometry.Layers; l++ {
+		L := dp.Layout().Geometry.Layers
+		groups := CopyConfig{LayersPerJob: 1, LoadLeadLayers: -1}.layerGroups(dir, L) // layer by layer
+		if gp, ok := dp.(LayerGroupPool); ok && gp.GroupsLayers(dp) {
+			groups = e.cfg.layerGroups(dir, L)
+		}
+		for l := 0; l < L; l++ {
 			t.pending[p][l].Store(int32(chunks))
+		}
+		for _, g := range groups {
 			for c := 0; c < chunks; c++ {
 				lo, hi := c*len(moves)/chunks, (c+1)*len(moves)/chunks
-				jobs = append(jobs, job{t: t, pool: p, layer: l, moves: moves[lo:hi]})
+				jobs = append(jobs, job{t: t, pool: p, layer: g[0], layers: g[1], moves: moves[lo:hi]})
 			}
 		}
 	}
@@ -184,29 +249,51 @@ func (e *CopyEngine) work() {
 
 func (e *CopyEngine) run(j job) {
 	t := j.t
+	end := j.layer + j.layers
 	if t.canceled.Load() {
-		t.finish(j.pool, j.layer, context.Canceled)
+		for l := j.layer; l < end; l++ {
+			t.finish(j.pool, l, context.Canceled)
+		}
 		return
 	}
 	dp, hp := t.dev.Pools[j.pool], t.host.pools[j.pool]
-	var err error
-	if t.dir == Load {
-		err = dp.LoadLayer(j.layer, hp, j.moves)
-	} else {
-		err = dp.BackupLayer(j.layer, hp, j.moves)
+	layout := dp.Layout()
+	layerBytes := int64(len(j.moves)) * int64(layout.Geometry.Buffers()) * int64(layout.PageSize) * int64(layout.Geometry.TokenLayerBytes())
+	if gp, ok := dp.(LayerGroupPool); ok && j.layers > 1 { // start groups only where GroupsLayers
+		var err error
+		if t.dir == Load {
+			err = gp.LoadLayers(j.layer, j.layers, hp, j.moves)
+		} else {
+			err = gp.BackupLayers(j.layer, j.layers, hp, j.moves)
+		}
+		if err == nil {
+			e.copiedBytes.Add(int64(j.layers) * layerBytes)
+		}
+		for l := j.layer; l < end; l++ {
+			t.finish(j.pool, l, err)
+		}
+		return
 	}
-	if err == nil {
-		g := dp.Layout().Geometry
-		e.copiedBytes.Add(int64(len(j.moves)) * int64(g.Buffers()) * int64(dp.Layout().PageSize) * int64(g.TokenLayerBytes()))
+	for l := j.layer; l < end; l++ {
+		var err error
+		if t.dir == Load {
+			err = dp.LoadLayer(l, hp, j.moves)
+		} else {
+			err = dp.BackupLayer(l, hp, j.moves)
+		}
+		if err == nil {
+			e.copiedBytes.Add(layerBytes)
+		}
+		t.finish(j.pool, l, err)
 	}
-	t.finish(j.pool, j.layer, err)
 }
 
 type job struct {
-	t     *Transfer
-	pool  int
-	layer int
-	moves []PageMove
+	t      *Transfer
+	pool   int
+	layer  int // the first layer of the job
+	layers int // how many layers from layer on
+	moves  []PageMove
 }
 
 // jobQueue is a FIFO that reuses its backing array.

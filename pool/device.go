@@ -30,6 +30,31 @@ type DevicePool interface {
 	BackupLayer(layer int, host *HostPool, moves []PageMove) error
 }
 
+// LayerGroupPool is a DevicePool that also copies several adjacent layers of each
+// page in one call, in the order that reads or writes a page-first side front to
+// back. The copy engine uses it for jobs of CopyConfig.LayersPerJob layers. Why it
+// matters: one layer of a page-first page is a short run per token (2 KiB for
+// Llama-3) at a stride of every layer (64 KiB), so per-layer copies read memory in
+// short strided bursts that hardware prefetchers restart on every run, and a load is
+// bound by read latency instead of bandwidth. A group of layers reads the page's
+// token entries for all of them as one contiguous run per token and writes each
+// layer-first layer as its own sequential stream.
+type LayerGroupPool interface {
+	DevicePool
+	// GroupsLayers reports whether the engine may copy self, the DevicePool it
+	// holds, through LoadLayers and BackupLayers. A type that embeds a
+	// LayerGroupPool to wrap its per-layer copies (gate, count or fail them) gets
+	// the embedded group methods too, which would bypass its overrides: an
+	// implementation answers true only when self is itself.
+	GroupsLayers(self DevicePool) bool
+	// LoadLayers copies layers first through first+count-1 of each move's host page
+	// into its device page (L2→L1).
+	LoadLayers(first, count int, host *HostPool, moves []PageMove) error
+	// BackupLayers copies layers first through first+count-1 of each move's device
+	// page into its host page (L1→L2).
+	BackupLayers(first, count int, host *HostPool, moves []PageMove) error
+}
+
 // PageSpace allocates the pages of a device group. Engines plug in their own
 // allocator; *PageAllocator implements it.
 type PageSpace interface {
@@ -87,7 +112,7 @@ type MemDevicePool struct {
 	region *hostmem.Region
 }
 
-var _ DevicePool = (*MemDevicePool)(nil)
+var _ LayerGroupPool = (*MemDevicePool)(nil)
 
 // NewMemDevicePool allocates a stand-in device pool from alloc.
 func NewMemDevicePool(name string, layout kvlayout.Layout, alloc *hostmem.Allocator) (*MemDevicePool, error) {
@@ -149,38 +174,134 @@ func (d *MemDevicePool) Close() error { return d.region.Close() }
 
 // LoadLayer copies layer of each move's host page into its device page.
 func (d *MemDevicePool) LoadLayer(layer int, host *HostPool, moves []PageMove) error {
-	return d.copyLayer(layer, host, moves, true)
+	return d.copyLayers(layer, 1, host, moves, true)
 }
 
 // BackupLayer copies layer of each move's device page into its host page.
 func (d *MemDevicePool) BackupLayer(layer int, host *HostPool, moves []PageMove) error {
-	return d.copyLayer(layer, host, moves, false)
+	return d.copyLayers(layer, 1, host, moves, false)
 }
 
-func (d *MemDevicePool) copyLayer(layer int, host *HostPool, moves []PageMove, load bool) error {
+// GroupsLayers is true when self is d, not a type that embeds it.
+func (d *MemDevicePool) GroupsLayers(self DevicePool) bool {
+	p, ok := self.(*MemDevicePool)
+	return ok && p == d
+}
+
+// LoadLayers copies layers first through first+count-1 of each move's host page
+// into its device page.
+func (d *MemDevicePool) LoadLayers(first, count int, host *HostPool, moves []PageMove) error {
+	return d.copyLayers(first, count, host, moves, true)
+}
+
+// BackupLayers copies layers first through first+count-1 of each move's device page
+// into its host page.
+func (d *MemDevicePool) BackupLayers(first, count int, host *HostPool, moves []PageMove) error {
+	return d.copyLayers(first, count, host, moves, false)
+}
+
+func (d *MemDevicePool) copyLayers(first, count int, host *HostPool, moves []PageMove, load bool) error {
 	if err := checkPair(d, host); err != nil {
 		return err
 	}
-	if layer < 0 || layer >= d.layout.Geometry.Layers {
-		return fmt.Errorf("pool %q: layer %d of %d: %w", d.name, layer, d.layout.Geometry.Layers, ErrConfig)
+	if L := d.layout.Geometry.Layers; count < 1 || first < 0 || first+count > L {
+		return fmt.Errorf("pool %q: layers %d to %d of %d: %w", d.name, first, first+count-1, L, ErrConfig)
 	}
 	if err := checkMoves(moves, d.layout.Pages, host.layout.Pages); err != nil {
 		return fmt.Errorf("pool %q: %w", d.name, err)
 	}
 	dev, hb := d.Bytes(), host.Bytes()
-	entry := int64(d.layout.Geometry.TokenLayerBytes())
-	for _, m := range moves {
-		for buf := 0; buf < d.layout.Geometry.Buffers(); buf++ {
-			ds := d.layout.PageLayerSpan(buf, layer, int(m.Device))
-			hs := host.layout.PageLayerSpan(buf, layer, int(m.Host))
-			if load {
-				CopySpan(dev, ds, hb, hs, entry)
-			} else {
-				CopySpan(hb, hs, dev, ds, entry)
+	dl, hl := d.layout, host.layout
+	if load {
+		copyPageLayers(dev, dl, hb, hl, first, count, moves, true)
+	} else {
+		copyPageLayers(hb, hl, dev, dl, first, count, moves, false)
+	}
+	return nil
+}
+
+// copyPageLayers copies layers first..first+count-1 of buffer pages between two
+// pools: from src page m.Host to dst page m.Device when toDevice, else from src
+// page m.Device to dst page m.Host.
+//
+// When exactly one side is page_first, it goes token by token: the page_first side
+// is read (or written) front to back, count layer entries of one token at a time as
+// one contiguous run, and the other side is count sequential streams, one per layer.
+// Every access is then sequential, which is what both hardware prefetchers and
+// write-combining streaming stores need on any CPU. Otherwise both sides hold each
+// layer of a page contiguously, and it copies layer by layer.
+// prefetchAhead is how far ahead of the copy copyPageLayers names its reads: a
+// few memory latencies' worth of copying for one core (100 ns at 10-20 GB/s is
+// 1-2 KiB), with room for a busy memory system.
+const prefetchAhead = 8 << 10
+
+// maxPrefetchRun is the longest run of one token's layers read from a page_first
+// page that copyPageLayers prefetches for: a read microbenchmark on Zen 3 (2 KiB and
+// 16 KiB runs at a 64 KiB stride) went from 3.4 to 5.0 GB/s per core with the next
+// run prefetched, and whole rows need no help.
+const maxPrefetchRun = 32 << 10
+
+func copyPageLayers(dst []byte, dl kvlayout.Layout, src []byte, sl kvlayout.Layout, first, count int, moves []PageMove, toDevice bool) {
+	g := dl.Geometry
+	entry := int64(g.TokenLayerBytes())
+	ps := dl.PageSize
+	pages := func(m PageMove) (int, int) {
+		if toDevice {
+			return int(m.Device), int(m.Host)
+		}
+		return int(m.Host), int(m.Device)
+	}
+	if (dl.Kind == kvlayout.PageFirst) == (sl.Kind == kvlayout.PageFirst) {
+		for _, m := range moves {
+			dp, sp := pages(m)
+			for buf := 0; buf < g.Buffers(); buf++ {
+				for layer := first; layer < first+count; layer++ {
+					CopySpan(dst, dl.PageLayerSpan(buf, layer, dp), src, sl.PageLayerSpan(buf, layer, sp), entry)
+				}
+			}
+		}
+		return
+	}
+	// When the source is page_first and a token's run is short (a few layers), each
+	// copy prefetches the source entry of the same layer ahead tokens later (the next
+	// page's tokens at the end of a page): at least prefetchAhead bytes of this job's
+	// reads ahead, so that the jump to the next token's run does not wait a memory
+	// latency for a hardware prefetcher to notice it. Long runs and layer_first
+	// sources are sequential enough for hardware prefetchers, and naming them again
+	// only costs issue slots (measured: 0.65x of memcpy with, 0.71x without).
+	prefetch := sl.Kind == kvlayout.PageFirst && int64(count)*entry < maxPrefetchRun
+	ahead := max(1, (prefetchAhead+count*int(entry)-1)/(count*int(entry)))
+	for mi, m := range moves {
+		dp, sp := pages(m)
+		for buf := 0; buf < g.Buffers(); buf++ {
+			for tok := 0; tok < ps; tok++ {
+				ds := dl.Offset(buf, first, dp*ps+tok)
+				ss := sl.Offset(buf, first, sp*ps+tok)
+				// Offset of layer first+i is base + i*step on either side: the
+				// page_first side steps by one entry, the other by a whole layer.
+				dstep := dl.Offset(buf, first+1, dp*ps+tok) - ds
+				sstep := sl.Offset(buf, first+1, sp*ps+tok) - ss
+				if count == 1 {
+					dstep, sstep = 0, 0
+				}
+				pf, pfn := int64(0), int64(0)
+				switch t := tok + ahead; {
+				case !prefetch:
+				case t < ps:
+					pf, pfn = sl.Offset(buf, first, sp*ps+t), entry
+				case mi+1 < len(moves):
+					_, nsp := pages(moves[mi+1])
+					pf, pfn = sl.Offset(buf, first, nsp*ps+min(t-ps, ps-1)), entry
+				}
+				for i := 0; i < count; i++ {
+					d, s := ds+int64(i)*dstep, ss+int64(i)*sstep
+					p := pf + int64(i)*sstep
+					copyRunPrefetch(dst[d:d+entry], src[s:s+entry], src[p:p+pfn])
+				}
 			}
 		}
 	}
-	return nil
+	finishRuns()
 }
 
 func checkMoves(moves []PageMove, devicePages, hostPages int) error {

@@ -5,6 +5,9 @@ import "unsafe"
 //go:noescape
 func copyNonTemporal(dst, src *byte, n uintptr)
 
+//go:noescape
+func copyNonTemporalPrefetch(dst, src *byte, n uintptr, pf uintptr, pfn uintptr)
+
 func storeFence()
 
 // minStreamingRun is the shortest run worth streaming stores: below it the fence and
@@ -24,6 +27,28 @@ func copyRun(dst, src []byte) {
 		return
 	}
 	copyStreaming(dst, src)
+}
+
+// copyRunPrefetch is copyRun that also asks the CPU to fetch next, the source of a
+// later copy, while this one runs. Reads that jump (one layer of a page_first page
+// is a short run at a stride of every layer) restart a hardware prefetcher at every
+// run, and the copy waits a full memory latency at the start of each; naming the next
+// run keeps the memory pipeline full on any CPU with a prefetch instruction. next
+// must lie in mapped memory that stays alive (a prefetch never faults, but the
+// address is kept as a number, invisible to the garbage collector).
+func copyRunPrefetch(dst, src, next []byte) {
+	n := len(src)
+	if raceEnabled || n < minStreamingRun || uintptr(unsafe.Pointer(unsafe.SliceData(dst)))&15 != 0 {
+		copy(dst, src)
+		return
+	}
+	dst = dst[:n]
+	body := n &^ 63
+	copyNonTemporalPrefetch(unsafe.SliceData(dst), unsafe.SliceData(src), uintptr(body),
+		uintptr(unsafe.Pointer(unsafe.SliceData(next))), uintptr(len(next)))
+	if body < n {
+		copy(dst[body:n], src[body:n])
+	}
 }
 
 // copyStreaming copies with streaming stores where dst is 16-byte aligned.

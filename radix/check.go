@@ -56,9 +56,13 @@ func (t *Tree[E]) Check() error {
 	visit = func(n *Node[E]) {
 		var lockSum, refSum, devChildren int32
 		firsts := map[string]bool{}
-		for _, c := range n.children {
+		t.checkIndex(n, bad)
+		for i, c := range n.children {
 			if c.parent != n {
 				bad("child's parent pointer is wrong")
+			}
+			if int(c.childIdx) != i {
+				bad("child %d records position %d", i, c.childIdx)
 			}
 			if c.removed {
 				bad("removed node still linked")
@@ -162,4 +166,45 @@ func (t *Tree[E]) Check() error {
 		errs = slices.Clip(errs[:8])
 	}
 	return errors.Join(errs...)
+}
+
+// checkIndex verifies n's child index: present exactly when the fan-out calls for
+// it, sized and loaded as its growth rules keep it, every slot holding a child of n
+// under its first page's tag, every child in one slot. Lookups through it are
+// checked by Check for every child.
+func (t *Tree[E]) checkIndex(n *Node[E], bad func(string, ...any)) {
+	x := n.index
+	if x == nil {
+		if len(n.children) > indexThreshold {
+			bad("node of %d children has no index", len(n.children))
+		}
+		return
+	}
+	slots := len(x.tags)
+	if len(n.children) <= indexThreshold/2 || x.count != len(n.children) {
+		bad("index of %d entries on a node of %d children", x.count, len(n.children))
+	}
+	if slots < minIndexSlots || slots&(slots-1) != 0 || len(x.nodes) != slots || 4*x.count > 3*slots {
+		bad("index of %d slots holds %d children", slots, x.count)
+	}
+	filed := 0
+	for i, tag := range x.tags {
+		c := x.nodes[i]
+		if (tag == 0) != (c == nil) {
+			bad("index slot %d: tag %#x, node %p", i, tag, c)
+			continue
+		}
+		if c == nil {
+			continue
+		}
+		filed++
+		if c.parent != n || c.removed || len(c.keys) == 0 || int(c.childIdx) >= len(n.children) || n.children[c.childIdx] != c {
+			bad("index slot %d holds a node that is not a child", i)
+		} else if tag != t.tag(t.firstPage(c)) {
+			bad("index slot %d: tag %#x is not its first page's", i, tag)
+		}
+	}
+	if filed != x.count {
+		bad("index counts %d entries, holds %d", x.count, filed)
+	}
 }

@@ -39,34 +39,73 @@ func (a *allocator) free(t *rapid.T, what string, pages []pool.PageID) {
 	}
 }
 
-type machine struct {
-	tree   *Tree[uint32]
+type machine[E Elem] struct {
+	tree   *Tree[E]
 	ps     int
 	model  map[string]pageState
 	dev    *allocator
 	host   *allocator
-	bases  [][]uint32
+	bases  [][]E
 	spaces []pagekey.Key
-	locks  []*Node[uint32]
-	refs   []*Node[uint32]
+	locks  []*Node[E]
+	refs   []*Node[E]
+	// lift makes a key element of a drawn token; for bigram trees it puts the token
+	// in the high half, so that keying on anything less than whole elements shows.
+	lift func(uint32) E
+	// maxEvict bounds the pages one eviction action asks for.
+	maxEvict int
+	// wide, when set, adds keys of many branches under a shared stem.
+	wide *wideKeys
 }
 
-func prefixKey(ns pagekey.Key, key []uint32) string { return ns.String() + fmt.Sprint(key) }
+func prefixKey[E Elem](ns pagekey.Key, key []E) string { return ns.String() + fmt.Sprint(key) }
 
-func (m *machine) drawKey(t *rapid.T) (pagekey.Key, []uint32) {
+func (m *machine[E]) drawKey(t *rapid.T) (pagekey.Key, []E) {
 	ns := rapid.SampledFrom(m.spaces).Draw(t, "ns")
+	if m.wide != nil && rapid.Bool().Draw(t, "wide") {
+		return ns, m.drawWide(t)
+	}
 	base := rapid.SampledFrom(m.bases).Draw(t, "base")
 	n := rapid.IntRange(0, len(base)).Draw(t, "len")
 	key := slices.Clone(base[:n])
 	if rapid.Bool().Draw(t, "branch") && n > 0 {
 		i := rapid.IntRange(0, n-1).Draw(t, "at")
-		key[i] = uint32(rapid.IntRange(0, 3).Draw(t, "tok"))
+		key[i] = m.lift(uint32(rapid.IntRange(0, 3).Draw(t, "tok")))
 	}
 	return ns, key
 }
 
+// wideKeys draws keys that share a stem of whole pages and then branch on a first
+// page from a large set: the shape that gives one node (the stem's, or the root for
+// an empty stem) hundreds of children, found through its child index. Branch pages
+// mostly share their first element and differ in their last, so that children are
+// told apart by whole pages; later pages come from a small alphabet, so that branches
+// share first pages and split.
+type wideKeys struct {
+	stem     []uint32
+	branches int // distinct last elements of a branch page
+}
+
+// drawWide draws a key of the stem, a branch page, up to three more pages and up to
+// a page less one element more.
+func (m *machine[E]) drawWide(t *rapid.T) []E {
+	var key []E
+	for _, x := range m.wide.stem {
+		key = append(key, m.lift(x))
+	}
+	for i := 0; i < m.ps-1; i++ {
+		key = append(key, m.lift(uint32(rapid.IntRange(0, 1).Draw(t, "branchTok"))))
+	}
+	key = append(key, m.lift(uint32(rapid.IntRange(0, m.wide.branches-1).Draw(t, "branchLast"))))
+	more := rapid.IntRange(0, 4*m.ps-1).Draw(t, "more")
+	for i := 0; i < more; i++ {
+		key = append(key, m.lift(uint32(rapid.IntRange(0, 3).Draw(t, "tok"))))
+	}
+	return key
+}
+
 // modelMatch is the number of leading whole pages of key the model holds.
-func (m *machine) modelMatch(ns pagekey.Key, key []uint32) int {
+func (m *machine[E]) modelMatch(ns pagekey.Key, key []E) int {
 	p := 0
 	for (p+1)*m.ps <= len(key) {
 		if _, ok := m.model[prefixKey(ns, key[:(p+1)*m.ps])]; !ok {
@@ -77,8 +116,22 @@ func (m *machine) modelMatch(ns pagekey.Key, key []uint32) int {
 	return p
 }
 
-func (m *machine) insert(t *rapid.T) {
+func (m *machine[E]) insert(t *rapid.T) {
 	ns, key := m.drawKey(t)
+	m.insertKey(t, ns, key)
+}
+
+// insertBranches inserts a burst of wide keys in one namespace: up to hundreds of
+// new children under one node, that grow its child index.
+func (m *machine[E]) insertBranches(t *rapid.T) {
+	ns := rapid.SampledFrom(m.spaces).Draw(t, "ns")
+	n := rapid.IntRange(1, 200).Draw(t, "keys")
+	for i := 0; i < n; i++ {
+		m.insertKey(t, ns, m.drawWide(t))
+	}
+}
+
+func (m *machine[E]) insertKey(t *rapid.T, ns pagekey.Key, key []E) {
 	pages := len(key) / m.ps
 	device := make([]pool.PageID, pages)
 	var wantDup []pool.PageID
@@ -114,7 +167,7 @@ func (m *machine) insert(t *rapid.T) {
 	}
 }
 
-func (m *machine) match(t *rapid.T) {
+func (m *machine[E]) match(t *rapid.T) {
 	ns, key := m.drawKey(t)
 	want := m.modelMatch(ns, key)
 	if got := m.tree.Peek(ns, key); got != want {
@@ -125,7 +178,7 @@ func (m *machine) match(t *rapid.T) {
 		t.Fatalf("Match = %d pages, model %d", res.Pages, want)
 	}
 	p := 0
-	for _, s := range res.Spans {
+	for _, s := range res.Spans() {
 		for i := 0; i < s.Pages; i++ {
 			st := m.model[prefixKey(ns, key[:(p+1)*m.ps])]
 			dev, host := pool.PageID(-1), pool.PageID(-1)
@@ -141,8 +194,19 @@ func (m *machine) match(t *rapid.T) {
 			p++
 		}
 	}
-	if res.DevicePages() > 0 && res.Spans[0].Device == nil {
-		t.Fatal("device pages counted past an L2-only span")
+	if p != res.Pages {
+		t.Fatalf("spans hold %d pages, the match %d", p, res.Pages)
+	}
+	var wantDev []pool.PageID
+	for _, s := range res.Spans() {
+		if s.Device == nil {
+			break
+		}
+		wantDev = append(wantDev, s.Device...)
+	}
+	if got := res.AppendDevice([]pool.PageID{-7}); len(got) != 1+len(wantDev) || got[0] != -7 ||
+		!slices.Equal(got[1:], wantDev) || res.DevicePages() != len(wantDev) {
+		t.Fatalf("leading L1 pages %v (%d counted), spans say %v", got[1:], res.DevicePages(), wantDev)
 	}
 	if rapid.IntRange(0, 2).Draw(t, "lock") == 0 && res.Pages > 0 {
 		if err := m.tree.Lock(res.Last); err != nil {
@@ -152,7 +216,7 @@ func (m *machine) match(t *rapid.T) {
 	}
 }
 
-func (m *machine) unlock(t *rapid.T) {
+func (m *machine[E]) unlock(t *rapid.T) {
 	if len(m.locks) == 0 {
 		t.Skip("no locks")
 	}
@@ -165,21 +229,21 @@ func (m *machine) unlock(t *rapid.T) {
 
 // nodes lists the tree's nodes with their namespaced prefixes (as model keys of
 // their first page's prefix without the node, and the node's own pages).
-func (m *machine) nodes() (list []*Node[uint32], prefixes []nsPrefix) {
-	m.tree.Walk(func(ns pagekey.Key, prefix []uint32, n *Node[uint32]) bool {
+func (m *machine[E]) nodes() (list []*Node[E], prefixes []nsPrefix[E]) {
+	m.tree.Walk(func(ns pagekey.Key, prefix []E, n *Node[E]) bool {
 		list = append(list, n)
-		prefixes = append(prefixes, nsPrefix{ns, slices.Clone(prefix)})
+		prefixes = append(prefixes, nsPrefix[E]{ns, slices.Clone(prefix)})
 		return true
 	})
 	return list, prefixes
 }
 
-type nsPrefix struct {
+type nsPrefix[E Elem] struct {
 	ns  pagekey.Key
-	key []uint32
+	key []E
 }
 
-func (m *machine) backup(t *rapid.T) {
+func (m *machine[E]) backup(t *rapid.T) {
 	list, prefixes := m.nodes()
 	var cand []int
 	for i, n := range list {
@@ -202,7 +266,7 @@ func (m *machine) backup(t *rapid.T) {
 	m.setTier(prefix, len(host), func(st *pageState, j int) { st.host = host[j] })
 }
 
-func (m *machine) load(t *rapid.T) {
+func (m *machine[E]) load(t *rapid.T) {
 	list, prefixes := m.nodes()
 	var cand []int
 	for i, n := range list {
@@ -226,7 +290,7 @@ func (m *machine) load(t *rapid.T) {
 }
 
 // setTier updates the model for the last pages pages of prefix.
-func (m *machine) setTier(prefix nsPrefix, pages int, set func(*pageState, int)) {
+func (m *machine[E]) setTier(prefix nsPrefix[E], pages int, set func(*pageState, int)) {
 	total := len(prefix.key) / m.ps
 	for j := 0; j < pages; j++ {
 		k := prefixKey(prefix.ns, prefix.key[:(total-pages+j+1)*m.ps])
@@ -236,7 +300,7 @@ func (m *machine) setTier(prefix nsPrefix, pages int, set func(*pageState, int))
 	}
 }
 
-func (m *machine) hostRef(t *rapid.T) {
+func (m *machine[E]) hostRef(t *rapid.T) {
 	list, _ := m.nodes()
 	if len(list) == 0 {
 		t.Skip("empty")
@@ -258,7 +322,7 @@ func (m *machine) hostRef(t *rapid.T) {
 
 // applyFrees removes freed pages from the model: a page that lost its device page
 // stays if it has a host page; a page that lost everything leaves.
-func (m *machine) applyFrees(t *rapid.T, device, host []pool.PageID) {
+func (m *machine[E]) applyFrees(t *rapid.T, device, host []pool.PageID) {
 	devSet := map[pool.PageID]bool{}
 	for _, p := range device {
 		devSet[p] = true
@@ -284,9 +348,9 @@ func (m *machine) applyFrees(t *rapid.T, device, host []pool.PageID) {
 	m.host.free(t, "evicted host", host)
 }
 
-func (m *machine) evictDevice(t *rapid.T) {
+func (m *machine[E]) evictDevice(t *rapid.T) {
 	before := m.pinned()
-	n := rapid.IntRange(1, 8).Draw(t, "n")
+	n := rapid.IntRange(1, m.maxEvict).Draw(t, "n")
 	dev, host := m.tree.EvictDevice(n)
 	if len(dev) < n && m.tree.DeviceVictim() != nil {
 		t.Fatalf("evicted %d of %d device pages with victims left", len(dev), n)
@@ -295,9 +359,9 @@ func (m *machine) evictDevice(t *rapid.T) {
 	m.checkPinned(t, before)
 }
 
-func (m *machine) evictHost(t *rapid.T) {
+func (m *machine[E]) evictHost(t *rapid.T) {
 	before := m.pinned()
-	n := rapid.IntRange(1, 8).Draw(t, "n")
+	n := rapid.IntRange(1, m.maxEvict).Draw(t, "n")
 	host := m.tree.EvictHost(n)
 	if len(host) < n && m.tree.HostVictim() != nil {
 		t.Fatalf("evicted %d of %d host pages with victims left", len(host), n)
@@ -306,7 +370,7 @@ func (m *machine) evictHost(t *rapid.T) {
 	m.checkPinned(t, before)
 }
 
-func (m *machine) dropHost(t *rapid.T) {
+func (m *machine[E]) dropHost(t *rapid.T) {
 	list, prefixes := m.nodes()
 	var cand []int
 	for i, n := range list {
@@ -328,7 +392,7 @@ func (m *machine) dropHost(t *rapid.T) {
 
 // pinned records the pages that locks and host references must protect: device
 // pages of locked paths, host pages of referenced paths.
-func (m *machine) pinned() map[string]pageState {
+func (m *machine[E]) pinned() map[string]pageState {
 	out := map[string]pageState{}
 	list, prefixes := m.nodes()
 	for i, n := range list {
@@ -351,7 +415,7 @@ func (m *machine) pinned() map[string]pageState {
 	return out
 }
 
-func (m *machine) checkPinned(t *rapid.T, before map[string]pageState) {
+func (m *machine[E]) checkPinned(t *rapid.T, before map[string]pageState) {
 	for k, was := range before {
 		now, ok := m.model[k]
 		if !ok {
@@ -363,13 +427,13 @@ func (m *machine) checkPinned(t *rapid.T, before map[string]pageState) {
 	}
 }
 
-func (m *machine) check(t *rapid.T) {
+func (m *machine[E]) check(t *rapid.T) {
 	if err := m.tree.Check(); err != nil {
 		t.Fatal(err)
 	}
 	seen := 0
 	var devHeld, hostHeld []pool.PageID
-	m.tree.Walk(func(ns pagekey.Key, prefix []uint32, n *Node[uint32]) bool {
+	m.tree.Walk(func(ns pagekey.Key, prefix []E, n *Node[E]) bool {
 		pages := len(n.keys)
 		for j := 0; j < pages; j++ {
 			k := prefixKey(ns, prefix[:len(prefix)-len(n.keys)*m.ps+(j+1)*m.ps])
@@ -412,32 +476,84 @@ func (m *machine) check(t *rapid.T) {
 	}
 }
 
+func newMachine[E Elem](t *rapid.T, cfg Config, lift func(uint32) E) *machine[E] {
+	tree, err := New[E](cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &machine[E]{tree: tree, ps: cfg.PageSize, model: map[string]pageState{}, dev: newAllocator(), host: newAllocator(),
+		lift: lift, maxEvict: 8}
+	h, _ := pagekey.New(pagekey.DefaultConfig())
+	m.spaces = []pagekey.Key{{}, h.Seed(pagekey.Namespace{}.WithCacheSalt("a")), h.Seed(pagekey.Namespace{}.WithExtraKey("a"))}
+	for i := 0; i < 3; i++ {
+		var base []E
+		for _, x := range rapid.SliceOfN(rapid.Uint32Range(0, 3), 0, 6*cfg.PageSize).Draw(t, "base") {
+			base = append(base, lift(x))
+		}
+		m.bases = append(m.bases, base)
+	}
+	return m
+}
+
+func (m *machine[E]) actions() map[string]func(*rapid.T) {
+	return map[string]func(*rapid.T){
+		"insert":      m.insert,
+		"match":       m.match,
+		"unlock":      m.unlock,
+		"backup":      m.backup,
+		"load":        m.load,
+		"hostRef":     m.hostRef,
+		"evictDevice": m.evictDevice,
+		"evictHost":   m.evictHost,
+		"dropHost":    m.dropHost,
+		"":            m.check,
+	}
+}
+
+func liftToken(x uint32) uint32 { return x }
+
+// liftBigram puts the token in the high half of a bigram, so that keying on the low
+// 32 bits of an element would lose it.
+func liftBigram(x uint32) uint64 { return uint64(x) << 32 }
+
 func TestTreeMatchesReferenceModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		ps := rapid.IntRange(1, 3).Draw(t, "pageSize")
 		policy := rapid.SampledFrom([]Policy{LRU, LFU}).Draw(t, "policy")
-		tree, err := New[uint32](Config{PageSize: ps, Policy: policy, MaxPages: 1 << 12})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tree.Close()
-		m := &machine{tree: tree, ps: ps, model: map[string]pageState{}, dev: newAllocator(), host: newAllocator()}
-		h, _ := pagekey.New(pagekey.DefaultConfig())
-		m.spaces = []pagekey.Key{{}, h.Seed(pagekey.Namespace{}.WithCacheSalt("a")), h.Seed(pagekey.Namespace{}.WithExtraKey("a"))}
-		for i := 0; i < 3; i++ {
-			m.bases = append(m.bases, rapid.SliceOfN(rapid.Uint32Range(0, 3), 0, 6*ps).Draw(t, "base"))
-		}
-		t.Repeat(map[string]func(*rapid.T){
-			"insert":      m.insert,
-			"match":       m.match,
-			"unlock":      m.unlock,
-			"backup":      m.backup,
-			"load":        m.load,
-			"hostRef":     m.hostRef,
-			"evictDevice": m.evictDevice,
-			"evictHost":   m.evictHost,
-			"dropHost":    m.dropHost,
-			"":            m.check,
-		})
+		m := newMachine(t, Config{PageSize: ps, Policy: policy, MaxPages: 1 << 12}, liftToken)
+		defer m.tree.Close()
+		t.Repeat(m.actions())
 	})
+}
+
+// TestWideFanoutMatchesReferenceModel runs the reference model on trees where one
+// node (under a shared stem, or the root) has up to hundreds of children: bursts of
+// new branches grow its child index, matches and inserts miss it on new branches
+// and split the children it indexes, and large evictions take children out of it
+// until it shrinks and goes away; Check verifies the index after every step. Token
+// and bigram trees both run.
+func TestWideFanoutMatchesReferenceModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		if rapid.Bool().Draw(t, "bigrams") {
+			runWide(t, liftBigram)
+		} else {
+			runWide(t, liftToken)
+		}
+	})
+}
+
+func runWide[E Elem](t *rapid.T, lift func(uint32) E) {
+	ps := rapid.IntRange(1, 3).Draw(t, "pageSize")
+	policy := rapid.SampledFrom([]Policy{LRU, LFU}).Draw(t, "policy")
+	m := newMachine(t, Config{PageSize: ps, Policy: policy, MaxPages: 1 << 16}, lift)
+	defer m.tree.Close()
+	m.maxEvict = 128
+	m.wide = &wideKeys{
+		stem:     rapid.SliceOfN(rapid.Uint32Range(0, 3), 0, 2*ps).Draw(t, "stem"),
+		branches: rapid.IntRange(8, 400).Draw(t, "branches"),
+	}
+	m.wide.stem = m.wide.stem[:len(m.wide.stem)/ps*ps]
+	actions := m.actions()
+	actions["insertBranches"] = m.insertBranches
+	t.Repeat(actions)
 }

@@ -13,6 +13,7 @@ package radix
 
 import (
 	"fmt"
+	"hash/maphash"
 	"strings"
 
 	"github.com/stratakv/strata/pagekey"
@@ -80,6 +81,8 @@ type Tree[E Elem] struct {
 	deviceHeap victimHeap[E]
 	hostHeap   victimHeap[E]
 	tokens     *tokenArena[E]
+	// seed keys the child indexes' page hashes, random per tree.
+	seed maphash.Seed
 	// namespaces holds one page-less subtree root per namespace (tenant, LoRA
 	// adapter, cache salt), keyed by the namespace's chain seed: requests of one
 	// namespace never match another's pages. The zero Key is the root itself.
@@ -91,7 +94,7 @@ type Tree[E Elem] struct {
 type Node[E Elem] struct {
 	parent   *Node[E]
 	children []*Node[E]
-	index    map[uint64]*Node[E] // first-page hash -> child, once a node has many children
+	index    *childIndex[E] // first page -> child, once a node has many children
 
 	keys   []int32       // token pages in the tree's arena, one per page
 	device []pool.PageID // nil when not in L1
@@ -103,9 +106,10 @@ type Node[E Elem] struct {
 	hits           uint32
 	lastAccess     uint64
 
-	heapIdx [2]int32 // position in the device and host victim heaps, -1 when absent
-	removed bool
-	ns      *pagekey.Key // set on a namespace's subtree root
+	heapIdx  [2]int32 // position in the device and host victim heaps, -1 when absent
+	removed  bool
+	childIdx int32        // position in the parent's children
+	ns       *pagekey.Key // set on a namespace's subtree root
 }
 
 // New returns an empty tree.
@@ -123,7 +127,7 @@ func New[E Elem](cfg Config) (*Tree[E], error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tree[E]{cfg: cfg, tokens: tokens, namespaces: map[pagekey.Key]*Node[E]{}}
+	t := &Tree[E]{cfg: cfg, tokens: tokens, namespaces: map[pagekey.Key]*Node[E]{}, seed: maphash.MakeSeed()}
 	t.root = &Node[E]{heapIdx: [2]int32{-1, -1}}
 	t.deviceHeap = victimHeap[E]{tier: deviceTier, policy: cfg.Policy}
 	t.hostHeap = victimHeap[E]{tier: hostTier, policy: cfg.Policy}
@@ -180,6 +184,10 @@ func (n *Node[E]) Parent() *Node[E] { return n.parent }
 
 // Locked reports whether a running request holds the node (or a descendant).
 func (n *Node[E]) Locked() bool { return n.lockRef > 0 }
+
+// DeviceChildren is the number of the node's children that are in L1: a node is
+// an L1 eviction candidate only when it is 0. O(1) at any fan-out.
+func (n *Node[E]) DeviceChildren() int { return int(n.deviceChildren) }
 
 // HostRef is the number of copies in flight that read or write the host pages of
 // the node or a descendant.

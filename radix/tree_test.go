@@ -179,7 +179,7 @@ func TestLoadBackAndRevive(t *testing.T) {
 		t.Fatalf("evicted %v", dev)
 	}
 	m := tree.Match(noNS, []uint32{1, 2, 3, 4})
-	if m.Pages != 2 || m.DevicePages() != 0 || !slices.Equal(m.Spans[0].Host, pages(50, 51)) {
+	if m.Pages != 2 || m.DevicePages() != 0 || !slices.Equal(m.Spans()[0].Host, pages(50, 51)) {
 		t.Fatalf("L2-only match: %+v", m)
 	}
 	if err := tree.SetDevice(m.Last, pages(7)); !errors.Is(err, ErrPages) {
@@ -399,11 +399,11 @@ func TestPageKeysFollowSplitsAndInsertHost(t *testing.T) {
 	tree.Match(noNS, key[:2])
 	m := tree.Match(noNS, key)
 	var got []pagekey.Key
-	for _, s := range m.Spans {
+	for _, s := range m.Spans() {
 		got = tree.AppendPageKeys(got, s.Node)
 	}
-	if len(m.Spans) != 3 || !slices.Equal(got, keys) {
-		t.Fatalf("page keys after split: %d spans, %v", len(m.Spans), got)
+	if len(m.Spans()) != 3 || !slices.Equal(got, keys) {
+		t.Fatalf("page keys after split: %d spans, %v", len(m.Spans()), got)
 	}
 	if tree.PageKey(m.Last, 1) != keys[3] {
 		t.Fatal("PageKey")

@@ -13,6 +13,7 @@ import (
 	"github.com/stratakv/strata/internal/benchpeer"
 	"github.com/stratakv/strata/internal/redistest"
 	"github.com/stratakv/strata/kvlayout"
+	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 	"github.com/stratakv/strata/storage/storagetest"
 )
@@ -258,15 +259,27 @@ func BenchmarkStorePutGet128(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	// The same bytes, moved raw: the page memory itself, SET then GET. rawDst is the
+	// memory of the destination pages, which receive the same bytes either way.
+	mem := spec.Region.Bytes()
+	raw := make([][]byte, benchValues)
+	rawDst := make([][]byte, benchValues)
+	for i := range raw {
+		raw[i] = mem[int64(i)*benchValueBytes : int64(i+1)*benchValueBytes]
+		rawDst[i] = mem[int64(benchValues+i)*benchValueBytes : int64(benchValues+i+1)*benchValueBytes]
+	}
+	rawKeys := benchKeys("raw")
 	b.SetBytes(2 * benchValues * benchValueBytes)
-	var last int
-	var putTime, getTime time.Duration
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		b.StopTimer()
+	var keys []pagekey.Key
+	var putTime, getTime, rawPutTime, rawGetTime time.Duration
+	// Each side starts on an empty server; the flush and the keys are not timed.
+	setup := func(i int, peer bool) {
 		flush()
-		keys := storagetest.Keys(b, uint64(i)+1000, benchValues)
-		b.StartTimer()
+		if !peer {
+			keys = storagetest.Keys(b, uint64(i)+1000, benchValues)
+		}
+	}
+	benchpeer.Compare(b, "x-of-raw", func(int) {
 		t0 := time.Now()
 		for j, err := range s.Put(ctx, kv, keys, src) {
 			if err != nil {
@@ -281,41 +294,28 @@ func BenchmarkStorePutGet128(b *testing.B) {
 		}
 		putTime += t1.Sub(t0)
 		getTime += time.Since(t1)
-		last = i
-	}
-	b.StopTimer()
-	batch := float64(benchValues*benchValueBytes) * float64(b.N)
-	b.ReportMetric(batch/putTime.Seconds()/1e9, "put-GB/s")
-	b.ReportMetric(batch/getTime.Seconds()/1e9, "get-GB/s")
-	for j := range dst {
-		if err := storagetest.Check(spec, dst[j], j, 0); err != nil {
-			b.Fatalf("after %d rounds: %v", last+1, err)
-		}
-	}
-	// The same bytes, moved raw: the page memory itself, SET then GET.
-	mem := spec.Region.Bytes()
-	raw := make([][]byte, benchValues)
-	rawDst := make([][]byte, benchValues)
-	for i := range raw {
-		raw[i] = mem[int64(i)*benchValueBytes : int64(i+1)*benchValueBytes]
-		rawDst[i] = mem[int64(benchValues+i)*benchValueBytes : int64(benchValues+i+1)*benchValueBytes]
-	}
-	keys := benchKeys("raw")
-	putTime, getTime = 0, 0
-	benchpeer.Report(b, "x-of-raw", func() {
-		flush()
+	}, func(i int) {
 		t0 := time.Now()
-		if err := rawSet(ctx, s.rdb, keys, raw); err != nil {
+		if err := rawSet(ctx, s.rdb, rawKeys, raw); err != nil {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
-		if err := rawGet(ctx, s.rdb, keys, rawDst); err != nil {
+		if err := rawGet(ctx, s.rdb, rawKeys, rawDst); err != nil {
 			b.Fatal(err)
 		}
-		putTime += t1.Sub(t0)
-		getTime += time.Since(t1)
-	})
-	// Report runs the peer once more than b.N, to warm it.
-	b.ReportMetric(batch*float64(b.N+1)/float64(b.N)/putTime.Seconds()/1e9, "raw-put-GB/s")
-	b.ReportMetric(batch*float64(b.N+1)/float64(b.N)/getTime.Seconds()/1e9, "raw-get-GB/s")
+		if i >= 0 { // not the warm-up
+			rawPutTime += t1.Sub(t0)
+			rawGetTime += time.Since(t1)
+		}
+	}, benchpeer.Options{Setup: setup})
+	batch := float64(benchValues*benchValueBytes) * float64(b.N)
+	b.ReportMetric(batch/putTime.Seconds()/1e9, "put-GB/s")
+	b.ReportMetric(batch/getTime.Seconds()/1e9, "get-GB/s")
+	b.ReportMetric(batch/rawPutTime.Seconds()/1e9, "raw-put-GB/s")
+	b.ReportMetric(batch/rawGetTime.Seconds()/1e9, "raw-get-GB/s")
+	for j := range dst {
+		if err := storagetest.Check(spec, dst[j], j, 0); err != nil {
+			b.Fatalf("after %d rounds: %v", b.N, err)
+		}
+	}
 }
