@@ -183,39 +183,39 @@ func DefaultConfig(socket string) Config {
 func (c Config) Validate() error {
 	switch {
 	case c.Socket == "":
-		return fmt.Errorf("no socket path: %w", ErrConfig)
+		return fmt.Errorf("no socket path (--socket): %w", ErrConfig)
 	case len(c.Socket) > 107:
-		return fmt.Errorf("socket path %q is %d bytes; Unix socket paths hold at most 107: %w", c.Socket, len(c.Socket), ErrConfig)
+		return fmt.Errorf("socket path %q (--socket) is %d bytes; Unix socket paths hold at most 107: %w", c.Socket, len(c.Socket), ErrConfig)
 	case c.SocketMode&^0o777 != 0 || c.SocketMode&0o600 != 0o600:
-		return fmt.Errorf("socket mode %#o: want permission bits that include 0600: %w", c.SocketMode, ErrConfig)
+		return fmt.Errorf("socket mode %#o (--socket-mode): want permission bits that include 0600: %w", c.SocketMode, ErrConfig)
 	case c.ArenaBytes < 1<<20:
-		return fmt.Errorf("arena of %d bytes: want at least 1 MiB: %w", c.ArenaBytes, ErrConfig)
+		return fmt.Errorf("arena of %d bytes (--arena): want at least 1 MiB: %w", c.ArenaBytes, ErrConfig)
 	case !(c.LowWatermark > 0 && c.LowWatermark < c.HighWatermark && c.HighWatermark <= 1):
-		return fmt.Errorf("watermarks low %v, high %v: want 0 < low < high <= 1: %w", c.LowWatermark, c.HighWatermark, ErrConfig)
+		return fmt.Errorf("watermarks low %v, high %v (--low-watermark, --high-watermark): want 0 < low < high <= 1: %w", c.LowWatermark, c.HighWatermark, ErrConfig)
 	case c.SpillDir != "" && c.SpillBytes <= 0:
-		return fmt.Errorf("spill capacity %d bytes: want positive: %w", c.SpillBytes, ErrConfig)
+		return fmt.Errorf("spill capacity %d bytes (--spill-capacity): want positive: %w", c.SpillBytes, ErrConfig)
 	case len(c.RemoteAddrs) > 0 && c.RemoteQueueBytes <= 0:
-		return fmt.Errorf("remote queue of %d bytes: want positive: %w", c.RemoteQueueBytes, ErrConfig)
+		return fmt.Errorf("remote queue of %d bytes (--remote-queue): want positive: %w", c.RemoteQueueBytes, ErrConfig)
 	case c.MaxRegisteredBytes < 0:
-		return fmt.Errorf("max registered %d bytes: want 0 (no node-wide bound) or more: %w", c.MaxRegisteredBytes, ErrConfig)
+		return fmt.Errorf("max registered %d bytes (--max-registered): want 0 (no node-wide bound) or more: %w", c.MaxRegisteredBytes, ErrConfig)
 	case c.ClientQuotaBytes <= 0:
-		return fmt.Errorf("client quota %d bytes: want positive: %w", c.ClientQuotaBytes, ErrConfig)
+		return fmt.Errorf("client quota %d bytes (--client-quota): want positive: %w", c.ClientQuotaBytes, ErrConfig)
 	case c.MaxClients < 1:
-		return fmt.Errorf("max clients %d: want at least 1: %w", c.MaxClients, ErrConfig)
+		return fmt.Errorf("max clients %d (--max-clients): want at least 1: %w", c.MaxClients, ErrConfig)
 	case c.CopyWorkers < 1 || c.CopyWorkers > 64:
-		return fmt.Errorf("copy workers %d: want 1 to 64: %w", c.CopyWorkers, ErrConfig)
+		return fmt.Errorf("copy workers %d (--copy-workers): want 1 to 64: %w", c.CopyWorkers, ErrConfig)
 	case c.RequestTimeout <= 0:
-		return fmt.Errorf("request timeout %v: want positive: %w", c.RequestTimeout, ErrConfig)
+		return fmt.Errorf("request timeout %v (--request-timeout): want positive: %w", c.RequestTimeout, ErrConfig)
 	case c.MaxClientsPerUID < 0:
-		return fmt.Errorf("max clients per uid %d: want 0 (max clients) or more: %w", c.MaxClientsPerUID, ErrConfig)
+		return fmt.Errorf("max clients per uid %d (--max-clients-per-uid): want 0 (max clients) or more: %w", c.MaxClientsPerUID, ErrConfig)
 	case c.MaxSegmentsPerClient < 1:
-		return fmt.Errorf("max segments per client %d: want at least 1: %w", c.MaxSegmentsPerClient, ErrConfig)
+		return fmt.Errorf("max segments per client %d (--max-segments-per-client): want at least 1: %w", c.MaxSegmentsPerClient, ErrConfig)
 	case c.HelloTimeout <= 0 || c.FrameTimeout <= 0 || c.IdleTimeout < 0:
-		return fmt.Errorf("hello timeout %v, frame timeout %v, idle timeout %v: want positive (idle: 0 for none): %w", c.HelloTimeout, c.FrameTimeout, c.IdleTimeout, ErrConfig)
+		return fmt.Errorf("hello timeout %v, frame timeout %v, idle timeout %v (--hello-timeout, --frame-timeout, --idle-timeout): want positive (idle: 0 for none): %w", c.HelloTimeout, c.FrameTimeout, c.IdleTimeout, ErrConfig)
 	case c.RequestMemoryBytes < wire.MaxBody:
-		return fmt.Errorf("request memory %d bytes: want at least one largest frame, %d bytes: %w", c.RequestMemoryBytes, wire.MaxBody, ErrConfig)
+		return fmt.Errorf("request memory %d bytes (--request-memory): want at least one largest frame, %d bytes: %w", c.RequestMemoryBytes, wire.MaxBody, ErrConfig)
 	case c.AdminStats != AdminStatsFull && c.AdminStats != AdminStatsCounts && c.AdminStats != AdminStatsOff:
-		return fmt.Errorf("admin stats %q: want %q, %q or %q: %w", c.AdminStats, AdminStatsFull, AdminStatsCounts, AdminStatsOff, ErrConfig)
+		return fmt.Errorf("admin stats %q (--admin-stats): want %q, %q or %q: %w", c.AdminStats, AdminStatsFull, AdminStatsCounts, AdminStatsOff, ErrConfig)
 	}
 	return nil
 }

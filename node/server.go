@@ -74,8 +74,10 @@ type Server struct {
 	registeredBytes atomic.Int64
 }
 
-// New starts a service: it maps the arena, opens the spill directory, listens on
-// the socket (and the admin port) and accepts clients until Close.
+// New starts a service: it checks the spill directory (creating it, and
+// creating and removing a file in it), listens on the socket (and the admin
+// port), and only then maps the arena, so that a refusal costs no memory; it
+// accepts clients until Close.
 func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -101,13 +103,35 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	// Everything that can be refused is checked before the arena is mapped
+	// (seconds and gigabytes of RSS for a large one): the socket group, the
+	// spill directory (created and written to), the socket itself (a service
+	// already on it is found here) and the admin port.
+	gid := -1
+	if cfg.SocketGroup != "" {
+		if gid, err = lookupGroup(cfg.SocketGroup); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.SpillDir != "" {
+		if err := probeSpillDir(cfg.SpillDir); err != nil {
+			return nil, err
+		}
 		fc := file.DefaultConfig(cfg.SpillDir)
 		fc.CapacityBytes = cfg.SpillBytes
 		fc.Sync = false // the spill is a cache: torn files are detected and dropped
 		fc.Logger = s.log
 		if s.spill, err = file.New(fc); err != nil {
-			return nil, fmt.Errorf("spill directory: %w", err)
+			return nil, fmt.Errorf("spill directory (--spill-dir): %w", err)
+		}
+	}
+	// Until the accept loop starts, engines that connect wait in the backlog.
+	if s.ln, err = wire.Listen(cfg.Socket, cfg.SocketMode, gid); err != nil {
+		return nil, errors.Join(fmt.Errorf("socket (--socket): %w", err), s.closeSpill())
+	}
+	if cfg.Admin != "" {
+		if err := s.listenAdmin(); err != nil {
+			return nil, errors.Join(err, s.ln.Close(), s.closeSpill())
 		}
 	}
 	ac := arena.DefaultConfig(cfg.ArenaBytes)
@@ -115,31 +139,36 @@ func New(cfg Config) (*Server, error) {
 	ac.Allocator, ac.Logger = cfg.Allocator, s.log
 	ac.OnEvict = s.spillOne
 	if s.arena, err = arena.New(ac); err != nil {
-		return nil, errors.Join(fmt.Errorf("arena: %w", err), s.closeSpill())
-	}
-	gid := -1
-	if cfg.SocketGroup != "" {
-		if gid, err = lookupGroup(cfg.SocketGroup); err != nil {
-			return nil, errors.Join(err, s.arena.Close(), s.closeSpill())
-		}
+		return nil, errors.Join(fmt.Errorf("arena (--arena): %w", err), s.closeAdminListener(), s.ln.Close(), s.closeSpill())
 	}
 	if len(cfg.RemoteAddrs) > 0 {
 		s.remote = newRemoteTier(s, rc)
 	}
-	if s.ln, err = wire.Listen(cfg.Socket, cfg.SocketMode, gid); err != nil {
-		s.closeRemote()
-		return nil, errors.Join(fmt.Errorf("socket: %w", err), s.arena.Close(), s.closeSpill())
-	}
-	if cfg.Admin != "" {
-		if err := s.startAdmin(); err != nil {
-			s.closeRemote()
-			return nil, errors.Join(err, s.ln.Close(), s.arena.Close(), s.closeSpill())
-		}
+	if s.adminLn != nil {
+		s.serveAdmin()
 	}
 	s.wg.Add(1)
 	go s.accept()
 	s.log.Info("node service listening", "socket", cfg.Socket, "admin", s.AdminAddr(), "arena", cfg.ArenaBytes, "spill", cfg.SpillDir, "remote", cfg.RemoteAddrs)
 	return s, nil
+}
+
+// probeSpillDir creates the spill directory if it is missing and creates and
+// removes a file in it: a directory the service cannot write would otherwise be
+// accepted and fail (and log) once per evicted object.
+func probeSpillDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("spill directory %s: cannot create it (%v); create it, or point --spill-dir at a directory this user can write: %w", dir, err, ErrConfig)
+	}
+	f, err := os.CreateTemp(dir, ".strata-probe-*")
+	if err != nil {
+		return fmt.Errorf("spill directory %s is not writable (%v); give this user write permission, or point --spill-dir at a directory it can write: %w", dir, err, ErrConfig)
+	}
+	name := f.Name()
+	if err := errors.Join(f.Close(), os.Remove(name)); err != nil {
+		return fmt.Errorf("spill directory %s: cannot remove the probe file %s (%v); check the directory's permissions: %w", dir, name, err, ErrConfig)
+	}
+	return nil
 }
 
 func (s *Server) closeRemote() {
@@ -336,17 +365,30 @@ func (s *Server) spillOne(obj arena.Evicted) bool {
 	return true
 }
 
-func (s *Server) startAdmin() error {
+// listenAdmin checks the admin address and listens on it; serveAdmin serves
+// it once the service is built.
+func (s *Server) listenAdmin() error {
 	host, _, err := net.SplitHostPort(s.cfg.Admin)
 	if err != nil {
-		return fmt.Errorf("admin address %q: %v: %w", s.cfg.Admin, err, ErrConfig)
+		return fmt.Errorf("admin address %q (--admin): %v: %w", s.cfg.Admin, err, ErrConfig)
 	}
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return fmt.Errorf("admin address %q is not loopback: the admin port has no authentication, bind it to 127.0.0.1 or ::1: %w", s.cfg.Admin, ErrConfig)
+		return fmt.Errorf("admin address %q (--admin) is not loopback: the admin port has no authentication, bind it to 127.0.0.1 or ::1: %w", s.cfg.Admin, ErrConfig)
 	}
 	if s.adminLn, err = net.Listen("tcp", s.cfg.Admin); err != nil {
-		return fmt.Errorf("admin port: %w", err)
+		return fmt.Errorf("admin port (--admin): %w", err)
 	}
+	return nil
+}
+
+func (s *Server) closeAdminListener() error {
+	if s.adminLn == nil {
+		return nil
+	}
+	return s.adminLn.Close()
+}
+
+func (s *Server) serveAdmin() {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newCollector(s))
 	mux := http.NewServeMux()
@@ -378,7 +420,6 @@ func (s *Server) startAdmin() error {
 			s.log.Error("admin port stopped", "err", err)
 		}
 	}()
-	return nil
 }
 
 // loopbackHost serves only requests whose Host names the loopback interface:

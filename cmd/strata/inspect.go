@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -87,7 +88,8 @@ func writeInspect(w io.Writer, st node.Stats) error {
 	fmt.Fprintf(w, "arena   %s of %s used (%.0f%%), %d objects, %d leased, fragmentation %.2f, evicted %d (spilled %d, dropped %d)\n",
 		fb(a.UsedBytes), fb(a.SizeBytes), 100*float64(a.UsedBytes)/float64(max(a.SizeBytes, 1)), a.Objects, a.LeasedObjects, a.Fragmentation, a.Evictions, a.Spilled, a.Dropped)
 	if s := st.Spill; s != nil {
-		fmt.Fprintf(w, "spill   %s of %s, %d files, %d corrupt removed\n", fb(s.Bytes), fb(s.CapacityBytes), s.Files, s.CorruptRemoved)
+		fmt.Fprintf(w, "spill   %s of %s, %d files, %d corrupt removed, %d failed writes (evicted objects dropped)%s\n",
+			fb(s.Bytes), fb(s.CapacityBytes), s.Files, s.CorruptRemoved, st.Ops.SpillErrors, formatFaults(s.Faults))
 	} else {
 		fmt.Fprintln(w, "spill   none (evicted objects are dropped)")
 	}
@@ -117,4 +119,24 @@ func writeInspect(w io.Writer, st node.Stats) error {
 		}
 	}
 	return nil
+}
+
+// formatFaults lists a store's errors by kind (", faults: io 3, timeout 1"), or
+// nothing when there were none: the text output shows what --json shows.
+func formatFaults(faults map[string]int64) string {
+	kinds := make([]string, 0, len(faults))
+	for k, n := range faults {
+		if n > 0 {
+			kinds = append(kinds, k)
+		}
+	}
+	if len(kinds) == 0 {
+		return ""
+	}
+	sort.Strings(kinds)
+	parts := make([]string, len(kinds))
+	for i, k := range kinds {
+		parts[i] = fmt.Sprintf("%s %d", k, faults[k])
+	}
+	return ", faults: " + strings.Join(parts, ", ")
 }

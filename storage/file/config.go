@@ -50,7 +50,7 @@ const maxIOWorkers = 64
 // validate checks cfg and fills its defaults.
 func (c *Config) validate() error {
 	if c.Dir == "" {
-		return fmt.Errorf("file store: no directory; set Config.Dir: %w", storage.ErrConfig)
+		return fmt.Errorf("file store: no directory; give one (strata bench --l3-dir, strata serve --spill-dir): %w", storage.ErrConfig)
 	}
 	if c.CapacityBytes <= 0 {
 		return fmt.Errorf("file store %s: capacity must be positive, got %d: %w", c.Dir, c.CapacityBytes, storage.ErrConfig)

@@ -108,7 +108,7 @@ func New(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("file store %s: %w: %w", cfg.Dir, err, storage.ErrConfig)
 	}
 	if err := os.MkdirAll(dir, 0o777); err != nil {
-		return nil, fmt.Errorf("file store: cannot create directory %s: %w; create it, or point Dir at a location this process can write: %w",
+		return nil, fmt.Errorf("file store: cannot create directory %s: %w; create it, or choose a directory this process can write (strata bench --l3-dir, strata serve --spill-dir): %w",
 			dir, err, storage.ErrConfig)
 	}
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
@@ -202,7 +202,7 @@ func (s *Store) probeWritable() error {
 	fd, _, err := s.open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o666)
 	if err != nil {
 		if err == unix.EACCES || err == unix.EPERM || err == unix.EROFS {
-			return fmt.Errorf("directory %s is not writable (%w): mount it read-write and give this process's user write permission, or point Dir at a writable directory",
+			return fmt.Errorf("directory %s is not writable (%w): mount it read-write and give this process's user write permission, or choose a writable directory (strata bench --l3-dir, strata serve --spill-dir)",
 				s.dir, err)
 		}
 		return fmt.Errorf("cannot create a file in directory %s (%w)", s.dir, err)

@@ -93,7 +93,7 @@ func DefaultConfig(addrs ...string) Config {
 // validate checks c and fills its defaults.
 func (c *Config) validate() error {
 	if len(c.Addrs) == 0 {
-		return fmt.Errorf("redis store: no server address; set Config.Addrs to host:port of a redis-server or of cluster nodes: %w", storage.ErrConfig)
+		return fmt.Errorf("redis store: no server address; give host:port of a redis-server or of cluster nodes (strata bench --redis, strata serve --remote): %w", storage.ErrConfig)
 	}
 	for _, a := range c.Addrs {
 		if a == "" {

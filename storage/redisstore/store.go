@@ -233,7 +233,7 @@ func detect(ctx context.Context, cfg Config) (string, error) {
 		_ = c.Close()
 		if err != nil {
 			if redis.IsAuthError(err) || redis.IsPermissionError(err) {
-				return "", fmt.Errorf("redis store: %s refused the credentials: %v; set Config.Username and Config.Password to an ACL user allowed GET, SET, DEL, EXISTS, GETRANGE, INFO and CLUSTER: %w",
+				return "", fmt.Errorf("redis store: %s refused the credentials: %v; give the credentials of an ACL user allowed GET, SET, DEL, EXISTS, GETRANGE, INFO and CLUSTER (strata serve --remote-username, --remote-password-file): %w",
 					addr, err, storage.ErrConfig)
 			}
 			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
@@ -247,7 +247,7 @@ func detect(ctx context.Context, cfg Config) (string, error) {
 		}
 		return ModeStandalone, nil
 	}
-	return "", fmt.Errorf("redis store: cannot reach any of %q (%w); start redis-server there or fix Config.Addrs: %w",
+	return "", fmt.Errorf("redis store: cannot reach any of %q (%w); start redis-server there or fix the addresses (strata bench --redis, strata serve --remote): %w",
 		cfg.Addrs, errors.Join(errs...), storage.ErrUnavailable)
 }
 
@@ -256,9 +256,9 @@ func (s *Store) check(ctx context.Context) error {
 	if s.cluster == nil {
 		if err := s.rdb.Ping(ctx).Err(); err != nil {
 			if redis.IsAuthError(err) {
-				return fmt.Errorf("redis store: %s refused the credentials: %v; set Config.Username and Config.Password: %w", s.cfg.Addrs[0], err, storage.ErrConfig)
+				return fmt.Errorf("redis store: %s refused the credentials: %v; give the right credentials (strata serve --remote-username, --remote-password-file): %w", s.cfg.Addrs[0], err, storage.ErrConfig)
 			}
-			return fmt.Errorf("redis store: %s does not answer PING (%w); start redis-server there or fix Config.Addrs: %w", s.cfg.Addrs[0], err, storage.ErrUnavailable)
+			return fmt.Errorf("redis store: %s does not answer PING (%w); start redis-server there or fix the addresses (strata bench --redis, strata serve --remote): %w", s.cfg.Addrs[0], err, storage.ErrUnavailable)
 		}
 		if info, err := s.rdb.Info(ctx, "cluster").Result(); err == nil && strings.Contains(info, "cluster_enabled:1") {
 			return fmt.Errorf("redis store: %s is a Redis Cluster node; use Mode %q or %q, or most keys will be redirected: %w",
@@ -284,7 +284,7 @@ func (s *Store) check(ctx context.Context) error {
 	switch {
 	case err != nil && up == 0:
 		if redis.IsAuthError(err) {
-			return fmt.Errorf("redis store: the cluster at %q refused the credentials: %v; set Config.Username and Config.Password: %w", s.cfg.Addrs, err, storage.ErrConfig)
+			return fmt.Errorf("redis store: the cluster at %q refused the credentials: %v; give the right credentials (strata serve --remote-username, --remote-password-file): %w", s.cfg.Addrs, err, storage.ErrConfig)
 		}
 		return fmt.Errorf("redis store: cannot load the cluster's slots from %q (%w); check that the nodes run with cluster-enabled yes and the cluster is formed (redis-cli --cluster create): %w",
 			s.cfg.Addrs, err, storage.ErrUnavailable)
