@@ -47,9 +47,16 @@ type Report struct {
 	Peer        string  `json:"peer"`
 	PeerPutGBps float64 `json:"peer_put_gbps"`
 	PeerGetGBps float64 `json:"peer_get_gbps"`
-	// PutRatio and GetRatio are backend over peer.
+	// PutRatio and GetRatio are backend over peer: the median of the batches'
+	// ratios in PutRatioBatches and GetRatioBatches. Where the target has a
+	// one-stream peer too, each put batch is compared with the faster of the two
+	// peers on that batch.
 	PutRatio float64 `json:"put_ratio"`
 	GetRatio float64 `json:"get_ratio"`
+	// PutRatioBatches and GetRatioBatches are the ratios batch by batch (the
+	// backend and its peers alternate on every batch): median and min-max.
+	PutRatioBatches *RatioSpread `json:"put_ratio_batches,omitempty"`
+	GetRatioBatches *RatioSpread `json:"get_ratio_batches,omitempty"`
 	// Stream is the one-stream figure of the medium, when the target has one.
 	Stream        string  `json:"stream,omitempty"`
 	StreamPutGBps float64 `json:"stream_put_gbps,omitempty"`
@@ -62,9 +69,13 @@ type Report struct {
 	// RedisPutBatchGBps and RedisGetBatchGBps are each batch's figure.
 	RedisPutBatchGBps []float64 `json:"redis_put_batch_gbps,omitempty"`
 	RedisGetBatchGBps []float64 `json:"redis_get_batch_gbps,omitempty"`
-	// PutVsRedis and GetVsRedis are the backend's bandwidth over Redis's.
+	// PutVsRedis and GetVsRedis are the backend's bandwidth over Redis's: the
+	// median of the batches' ratios in PutVsRedisBatches and GetVsRedisBatches.
 	PutVsRedis float64 `json:"put_vs_redis,omitempty"`
 	GetVsRedis float64 `json:"get_vs_redis,omitempty"`
+	// PutVsRedisBatches and GetVsRedisBatches are those ratios batch by batch.
+	PutVsRedisBatches *RatioSpread `json:"put_vs_redis_batches,omitempty"`
+	GetVsRedisBatches *RatioSpread `json:"get_vs_redis_batches,omitempty"`
 	// TwoEngines is the phase with two engines at once, for backends a node's
 	// engines share.
 	TwoEngines *TwoEngines `json:"two_engines,omitempty"`
@@ -131,7 +142,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 
 	var table bytes.Buffer
 	tw = tabwriter.NewWriter(&table, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "GB/s\tbatch min-max\tpeer GB/s\tratio\t"
+	head := "GB/s\tbatch min-max\tpeer GB/s\tratio (min-max)\t"
 	if r.Stream != "" {
 		head += "one stream GB/s\t"
 	}
@@ -139,33 +150,35 @@ func (r *Report) WriteTable(w io.Writer) error {
 		head += "redis GB/s\tredis min-max\tx redis\t"
 	}
 	fmt.Fprintln(tw, head)
-	row := func(gbps float64, batches []float64, peer, ratio, stream, redis float64, redisBatches []float64, vsRedis float64) {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t", formatGBps(gbps), formatSpread(batches), formatGBps(peer), formatRatio(ratio))
+	row := func(gbps float64, batches []float64, peer float64, ratio *RatioSpread, stream, redis float64, redisBatches []float64, vsRedis *RatioSpread) {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t", formatGBps(gbps), formatSpread(batches), formatGBps(peer), formatRatioSpread(ratio))
 		if r.Stream != "" {
 			fmt.Fprintf(tw, "%s\t", formatGBps(stream))
 		}
 		if r.Redis != "" {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t", formatGBps(redis), formatSpread(redisBatches), formatRatio(vsRedis))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t", formatGBps(redis), formatSpread(redisBatches), formatRatioSpread(vsRedis))
 		}
 		fmt.Fprintln(tw)
 	}
-	row(r.PutGBps, r.PutBatchGBps, r.PeerPutGBps, r.PutRatio, r.StreamPutGBps, r.RedisPutGBps, r.RedisPutBatchGBps, r.PutVsRedis)
-	row(r.GetGBps, r.GetBatchGBps, r.PeerGetGBps, r.GetRatio, r.StreamGetGBps, r.RedisGetGBps, r.RedisGetBatchGBps, r.GetVsRedis)
+	row(r.PutGBps, r.PutBatchGBps, r.PeerPutGBps, orMedian(r.PutRatioBatches, r.PutRatio), r.StreamPutGBps, r.RedisPutGBps, r.RedisPutBatchGBps,
+		orMedian(r.PutVsRedisBatches, r.PutVsRedis))
+	row(r.GetGBps, r.GetBatchGBps, r.PeerGetGBps, orMedian(r.GetRatioBatches, r.GetRatio), r.StreamGetGBps, r.RedisGetGBps, r.RedisGetBatchGBps,
+		orMedian(r.GetVsRedisBatches, r.GetVsRedis))
 	_ = tw.Flush()
 	writeRows(&buf, table.Bytes(), "", "put", "get")
 	buf.WriteByte('\n')
 	if t := r.TwoEngines; t != nil {
 		table.Reset()
 		tw = tabwriter.NewWriter(&table, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "GB/s\tbatch min-max\tengine 1\tengine 2\tpeer GB/s\tratio\t")
-		row := func(gbps float64, batches, engines []float64, peer, ratio float64) {
+		fmt.Fprintln(tw, "GB/s\tbatch min-max\tengine 1\tengine 2\tpeer GB/s\tratio (min-max)\t")
+		row := func(gbps float64, batches, engines []float64, peer float64, ratio *RatioSpread) {
 			e := []float64{0, 0}
 			copy(e, engines)
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", formatGBps(gbps), formatSpread(batches), formatGBps(e[0]), formatGBps(e[1]),
-				formatGBps(peer), formatRatio(ratio))
+				formatGBps(peer), formatRatioSpread(ratio))
 		}
-		row(t.PutGBps, t.PutBatchGBps, t.EnginePutGBps, t.PeerPutGBps, t.PutRatio)
-		row(t.GetGBps, t.GetBatchGBps, t.EngineGetGBps, t.PeerGetGBps, t.GetRatio)
+		row(t.PutGBps, t.PutBatchGBps, t.EnginePutGBps, t.PeerPutGBps, orMedian(t.PutRatioBatches, t.PutRatio))
+		row(t.GetGBps, t.GetBatchGBps, t.EngineGetGBps, t.PeerGetGBps, orMedian(t.GetRatioBatches, t.GetRatio))
 		_ = tw.Flush()
 		writeRows(&buf, table.Bytes(), "two engines", "put", "get")
 		buf.WriteByte('\n')

@@ -45,6 +45,17 @@ func checkReport(t *testing.T, rep *Report, cfg Config) {
 		t.Errorf("report shape %d x %d (%d/%d per-batch figures), want %d x %d",
 			rep.Batches, rep.PagesPerBatch, len(rep.PutBatchGBps), len(rep.GetBatchGBps), cfg.Batches, cfg.PagesPerBatch)
 	}
+	for name, s := range map[string]*RatioSpread{"put_ratio_batches": rep.PutRatioBatches, "get_ratio_batches": rep.GetRatioBatches} {
+		switch {
+		case s == nil:
+			t.Errorf("%s missing", name)
+		case s.Batches != cfg.Batches || !(s.Min <= s.Median && s.Median <= s.Max):
+			t.Errorf("%s = %+v, want %d batches and min <= median <= max", name, s, cfg.Batches)
+		}
+	}
+	if rep.PutRatioBatches != nil && rep.PutRatio != rep.PutRatioBatches.Median {
+		t.Errorf("put_ratio %v is not the batches' median %v", rep.PutRatio, rep.PutRatioBatches.Median)
+	}
 	shape, _ := ShapeByName(cfg.Shape)
 	if rep.PageBytes != shape.PageBytes() || rep.Bytes != int64(cfg.Batches*cfg.PagesPerBatch)*shape.PageBytes() {
 		t.Errorf("page bytes %d, bytes %d", rep.PageBytes, rep.Bytes)

@@ -29,9 +29,12 @@ type TwoEngines struct {
 	// PeerPutGBps and PeerGetGBps are the peer's.
 	PeerPutGBps float64 `json:"peer_put_gbps"`
 	PeerGetGBps float64 `json:"peer_get_gbps"`
-	// PutRatio and GetRatio are the aggregate over the peer.
-	PutRatio float64 `json:"put_ratio"`
-	GetRatio float64 `json:"get_ratio"`
+	// PutRatio and GetRatio are over the peer: the median of the batch pairs'
+	// ratios in PutRatioBatches and GetRatioBatches (median and min-max).
+	PutRatio        float64      `json:"put_ratio"`
+	GetRatio        float64      `json:"get_ratio"`
+	PutRatioBatches *RatioSpread `json:"put_ratio_batches,omitempty"`
+	GetRatioBatches *RatioSpread `json:"get_ratio_batches,omitempty"`
 	// MismatchedPages counts the phase's pages read back with other bytes (they
 	// are in the report's MismatchedPages too).
 	MismatchedPages int64 `json:"mismatched_pages"`
@@ -101,6 +104,7 @@ func (r *run) pairPhase(ctx context.Context) error {
 	}
 	t.PutGBps, t.PutBatchGBps = gbpsOf(pair, backend.times)
 	t.PeerPutGBps, _ = gbpsOf(pair, peer.times)
+	t.PutRatioBatches = pairedRatios(backend.times, peer.times)
 	for i := range engines {
 		g, _ := r.gbps(putTimes[i])
 		t.EnginePutGBps = append(t.EnginePutGBps, g)
@@ -145,6 +149,7 @@ func (r *run) pairPhase(ctx context.Context) error {
 	}
 	t.GetGBps, t.GetBatchGBps = gbpsOf(pair, backend.times)
 	t.PeerGetGBps, _ = gbpsOf(pair, peer.times)
+	t.GetRatioBatches = pairedRatios(backend.times, peer.times)
 	for i := range engines {
 		g, _ := r.gbps(getTimes[i])
 		t.EngineGetGBps = append(t.EngineGetGBps, g)
