@@ -71,13 +71,9 @@ func (t tenants) namespace(uid int, ok bool, conn uint64) string {
 }
 
 // ParseTenantGroups reads groups written as "1000,1001;2000,alice": groups
-// separated by ';', members (uids or user names) by ','. The form a JSON list
-// of lists in the config file prints as ("[[1000 1001] [2000 alice]]") is read
-// too.
+// separated by ';', members (uids or user names) by ','. A config file's list of
+// lists reaches it in this form (strata serve converts JSON values by type).
 func ParseTenantGroups(v string) ([][]int, error) {
-	if v = strings.TrimSpace(v); strings.HasPrefix(v, "[") {
-		v = strings.NewReplacer("] [", ";", "[", "", "]", "", " ", ",").Replace(v)
-	}
 	var out [][]int
 	for _, g := range strings.Split(v, ";") {
 		if strings.TrimSpace(g) == "" {
