@@ -622,21 +622,28 @@ func TestLargeAlignment(t *testing.T) {
 	cfg := testConfig(t, 16<<20)
 	cfg.Alignment = 2 << 20
 	a := newArena(t, cfg)
-	for i := range 4 {
-		p, err := a.Reserve(fmt.Sprint(i), 1, 100)
+	// Objects of at least the alignment start on it; smaller ones share a slab.
+	for i, size := range []int{3 << 20, 2 << 20, 100, 100, 100, 100} {
+		p, err := a.Reserve(fmt.Sprint(i), 1, int64(size))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if addr := uintptr(unsafe.Pointer(unsafe.SliceData(p.Bytes()))); addr%(2<<20) != 0 {
-			t.Fatalf("object at %#x is not 2 MiB aligned", addr)
+		if addr := uintptr(unsafe.Pointer(unsafe.SliceData(p.Bytes()))); size >= 2<<20 && addr%(2<<20) != 0 {
+			t.Fatalf("object of %d bytes at %#x is not 2 MiB aligned", size, addr)
 		}
+		copy(p.Bytes(), pattern(fmt.Sprint(i), size))
 		if err := p.Commit(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if st := a.Stats(); st.UsedBytes != 8<<20 {
-		t.Fatalf("4 objects of 100 bytes use %d bytes, want 8 MiB", st.UsedBytes)
+	// 4 MiB and 2 MiB for the large ones, one 2 MiB slab for the four small ones.
+	if st := a.Stats(); st.UsedBytes != 8<<20 || st.Slabs != 1 {
+		t.Fatalf("stats %+v: want 8 MiB used and one slab", st)
 	}
+	for i, size := range []int{3 << 20, 2 << 20, 100, 100, 100, 100} {
+		read(t, a, fmt.Sprint(i), 1, size)
+	}
+	mustCheck(t, a)
 }
 
 func TestArenaStaysOffTheGoHeap(t *testing.T) {

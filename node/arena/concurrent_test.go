@@ -66,6 +66,9 @@ func TestConcurrentUse(t *testing.T) {
 				switch r := rng.IntN(100); {
 				case r < 40: // write
 					size := 1 + rng.IntN(maxSize)
+					if rng.IntN(2) == 0 {
+						size = 1 + rng.IntN(4000) // a small object: a slot in a slab
+					}
 					p, err := a.Reserve(key, format, int64(size))
 					switch {
 					case errors.Is(err, ErrExists):
@@ -106,6 +109,26 @@ func TestConcurrentUse(t *testing.T) {
 						t.Errorf("%s: read bytes differ from the written", key)
 					}
 					held = append(held, l)
+				case r < 84: // a batch read under one lock
+					batch := []string{key, fmt.Sprintf("key-%d", rng.IntN(keys))}
+					ls, errs, err := a.AcquireAll(batch, format)
+					if err != nil {
+						t.Errorf("acquire %q: %v", batch, err)
+						return
+					}
+					for i, l := range ls {
+						if l == nil {
+							if !errors.Is(errs[i], ErrNotFound) && !errors.Is(errs[i], ErrFormat) {
+								t.Errorf("acquire %s in a batch: %v", batch[i], errs[i])
+							}
+							continue
+						}
+						ops[3].Add(1)
+						if !bytes.Equal(l.Bytes(), pattern(l.Key(), len(l.Bytes()))) {
+							t.Errorf("%s: read bytes differ from the written", l.Key())
+						}
+						held = append(held, l)
+					}
 				case r < 88:
 					if a.Remove(key) {
 						ops[5].Add(1)
@@ -151,7 +174,7 @@ func TestConcurrentUse(t *testing.T) {
 	if st.Evictions == 0 || st.Spilled+st.Dropped != st.Evictions || st.Dropped == 0 || st.Spilled == 0 {
 		t.Errorf("eviction counters: %+v", st)
 	}
-	if st.UsedBytes > st.SizeBytes || st.ObjectBytes > st.UsedBytes {
+	if st.UsedBytes > st.SizeBytes || st.HeldBytes > st.UsedBytes || st.ObjectBytes > st.HeldBytes || st.Slabs == 0 {
 		t.Errorf("fill out of range: %+v", st)
 	}
 	// Every remaining object reads back as written.

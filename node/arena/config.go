@@ -20,17 +20,25 @@ type Config struct {
 	// to a multiple of Alignment. It is taken from the host at New (prefaulted by
 	// default), so size it to the node's DRAM budget for L3, not to the wish list.
 	SizeBytes int64 `json:"sizeBytes"`
-	// HighWatermark is the fill, as a fraction of SizeBytes, past which background
-	// eviction starts. 0.90 leaves room for the writes that arrive while it runs.
+	// HighWatermark is the fill (the bytes objects hold: their extents, or their
+	// slots), as a fraction of SizeBytes, past which background eviction starts.
+	// 0.90 leaves room for the writes that arrive while it runs.
 	HighWatermark float64 `json:"highWatermark"`
 	// LowWatermark is the fill that background eviction brings the arena down to;
 	// the gap to HighWatermark is what one eviction pass frees, so that evictions
 	// come in batches rather than one per write.
 	LowWatermark float64 `json:"lowWatermark"`
-	// Alignment is the power of two every object's address and allocated length
-	// are multiples of. 4096 lets spill and promotion use O_DIRECT on the objects'
-	// bytes as they lie. 0 means 4096.
+	// Alignment is the power of two the address and allocated length of every
+	// object of at least this size are multiples of (smaller ones share slabs).
+	// 4096 lets spill and promotion use O_DIRECT on such objects' bytes as they
+	// lie. 0 means 4096.
 	Alignment int64 `json:"alignment"`
+	// SlabBytes is the least extent a slab of small objects takes (objects smaller
+	// than Alignment share slabs by size class; see slab.go): larger slabs mean
+	// fewer extents, smaller ones less space held by the partly empty slab of each
+	// class. It is raised to four slots of the class and rounded up to the
+	// alignment. 0 means 64 KiB.
+	SlabBytes int64 `json:"slabBytes"`
 	// Allocator provides the memory. Nil means an anonymous mmap allocator with
 	// prefaulting and transparent huge pages (hostmem.DefaultConfig(hostmem.Mmap)).
 	Allocator *hostmem.Allocator `json:"-"`
@@ -50,9 +58,9 @@ type Config struct {
 }
 
 // DefaultConfig returns a Config for an arena of size bytes with watermarks at 90 %
-// and 85 % and 4 KiB alignment.
+// and 85 %, 4 KiB alignment and 64 KiB slabs.
 func DefaultConfig(size int64) Config {
-	return Config{SizeBytes: size, HighWatermark: 0.90, LowWatermark: 0.85, Alignment: 4096}
+	return Config{SizeBytes: size, HighWatermark: 0.90, LowWatermark: 0.85, Alignment: 4096, SlabBytes: 64 << 10}
 }
 
 // validate checks c and fills its defaults.
@@ -68,6 +76,12 @@ func (c *Config) validate() error {
 	}
 	if c.SizeBytes < c.Alignment {
 		return fmt.Errorf("arena: size %d is smaller than the alignment %d: %w", c.SizeBytes, c.Alignment, ErrConfig)
+	}
+	if c.SlabBytes == 0 {
+		c.SlabBytes = 64 << 10
+	}
+	if c.SlabBytes < 0 {
+		return fmt.Errorf("arena: slab size %d must not be negative; use 0 for 64 KiB: %w", c.SlabBytes, ErrConfig)
 	}
 	// The negated comparisons also refuse NaN.
 	if !(c.LowWatermark > 0 && c.LowWatermark < c.HighWatermark && c.HighWatermark <= 1) {

@@ -8,6 +8,19 @@ import "time"
 // list while leased and pending ones are never in it, so picking a victim is O(1)
 // and never walks past objects that cannot go.
 //
+// Region eviction. Victims in LRU order free space wherever they happen to lie; in
+// a fragmented arena a Reserve of a large object (or of a new slab) could evict
+// object after object without two free extents ever touching. So a Reserve tries
+// lruVictims least recently used objects, and then evicts regions: the
+// allocated extents (an object's own, or a whole slab) next to the largest free
+// extents that do not fit yet, growing one of them until it does. Each region
+// evicted widens a free extent that is already the largest, so the work is
+// bounded by the size needed plus one region on either side, whatever the
+// fragmentation. A free extent hemmed in by leased or pending objects is passed
+// over for the next largest (up to regionCandidates of them), and when none has
+// an evictable neighbour (or nothing is free at all) the region of the least
+// recently used object goes.
+//
 // A victim is marked evicting and taken off the list, the lock is dropped, and
 // OnEvict reads its bytes (spilling them to SSD) while other goroutines carry on;
 // readers may still Acquire it. Then, under the lock again, it is freed, unless it
@@ -15,7 +28,7 @@ import "time"
 // recent when its leases end. A victim removed meanwhile is freed as removed.
 
 // background evicts down to the low watermark whenever a Commit or Release leaves
-// the fill past the high watermark.
+// the fill (or the extents, slabs whole) past the high watermark.
 func (a *Arena) background() {
 	defer a.done.Done()
 	for {
@@ -28,9 +41,17 @@ func (a *Arena) background() {
 	}
 }
 
-// evictToLow evicts least recently used objects until the used bytes, less those
-// of evictions already in flight, are at or below the low watermark, or nothing
-// more can be evicted.
+// lruVictims is how many least recently used victims a Reserve tries before it
+// evicts regions instead.
+const lruVictims = 4
+
+// regionCandidates is how many of the largest free extents a step of region
+// eviction looks at for an evictable neighbour.
+const regionCandidates = 8
+
+// evictToLow evicts least recently used objects until the held bytes, less those
+// of evictions already in flight, are at or below the low watermark, and then
+// regions until the allocated extents are too, or nothing more can be evicted.
 func (a *Arena) evictToLow() {
 	start := time.Now()
 	a.mu.Lock()
@@ -38,36 +59,128 @@ func (a *Arena) evictToLow() {
 	var n, bytes int64
 	// Victims read during OnEvict go back to the front; the budget ends a pass
 	// that readers keep defeating, until the next Commit or Release wakes it.
-	budget := 2*len(a.objects) + 2
+	budget := 2*int64(a.recs.live) + 2
 	for ; !a.closed && a.usedLocked()-a.inflightBytes > a.low; budget-- {
-		v := a.lru.back()
-		if v == nil || budget == 0 {
+		v := a.lruBack()
+		if v == 0 || budget == 0 {
 			// Everything left is leased or being written (or was read during its
 			// OnEvict); the Release or Commit that changes that wakes us again.
 			a.cfg.Logger.Debug("arena: eviction stopped above the low watermark: the rest is leased or being written",
 				"usedBytes", a.usedLocked(), "lowWatermarkBytes", a.low, "leasedObjects", a.leased, "pendingBytes", a.pendingBytes)
 			break
 		}
-		span := v.span
+		span := a.spanOf(a.rec(v))
 		if a.evictLocked(v) {
 			n++
 			bytes += span
 		}
 	}
-	if n > 0 {
-		a.cfg.Logger.Debug("arena: evicted to the low watermark", "objects", n, "bytes", bytes,
+	// Objects may hold little while their slabs, mostly free slots, fill the
+	// extents: then a large object or a new slab finds no room, and every such
+	// Reserve would evict regions itself. Free whole regions here instead, next
+	// to the largest free extent, until the extents are back at the low watermark.
+	regions := int64(0)
+	for ; !a.closed && a.ext.UsedUnits()*a.unit-a.inflightBytes > a.low && budget > 0; budget-- {
+		if !a.evictRegionLocked(a.ext.Size() + 1) {
+			break
+		}
+		regions++
+	}
+	if n > 0 || regions > 0 {
+		a.cfg.Logger.Debug("arena: evicted to the low watermark", "objects", n, "bytes", bytes, "regions", regions,
 			"usedBytes", a.usedLocked(), "took", time.Since(start))
 	}
 }
 
-// evictLocked evicts v, the back of the LRU list, calling OnEvict without the lock
-// held, and reports whether v's space was freed as an eviction.
-func (a *Arena) evictLocked(v *object) bool {
-	a.lru.remove(v)
-	v.evicting = true
+// evictRegionLocked evicts one region towards a free extent of units, as the
+// package comment on eviction describes, and reports whether it found one to
+// evict.
+func (a *Arena) evictRegionLocked(units int64) bool {
+	var start, end int64 // the region's byte range
+	var victims []uint32
+	checked := 0
+	a.ext.FreeListDescending(func(off, n int64) bool {
+		if n >= units {
+			return true // fits already: taken by the time the caller looks, or a slot's class is full
+		}
+		for _, nb := range [2]int64{off + n, a.ext.AllocatedBefore(off)} {
+			if nb < 0 || nb >= a.ext.Size() {
+				continue
+			}
+			if victims, start, end = a.regionVictims(nb); len(victims) > 0 {
+				return false
+			}
+		}
+		checked++
+		return checked < regionCandidates
+	})
+	if len(victims) == 0 {
+		v := a.lruBack()
+		if v == 0 {
+			return false
+		}
+		r := a.rec(v)
+		u := r.off / a.unit
+		if r.flags&flagSlab != 0 {
+			u = a.slabs[r.ref-1].off / a.unit
+		}
+		if victims, start, end = a.regionVictims(u); len(victims) == 0 {
+			victims, start, end = []uint32{v}, r.off, r.off+a.spanOf(r) // a slab with a pinned object: its victim alone
+		}
+	}
+	a.regionEvictions++
+	for _, v := range victims {
+		// The lock was dropped during the last OnEvict: the record may have
+		// been freed, or reused for an object elsewhere, meanwhile.
+		if r := a.rec(v); r.state == committed && r.flags&flagInLRU != 0 && r.off >= start && r.off < end && !a.closed {
+			a.evictLocked(v)
+		}
+	}
+	return true
+}
+
+// regionVictims is the objects of the allocated extent that starts at unit u,
+// and its byte range, if every one of them can be evicted; nil otherwise.
+func (a *Arena) regionVictims(u int64) ([]uint32, int64, int64) {
+	o, ok := a.owner[u]
+	if !ok {
+		return nil, 0, 0
+	}
+	if o&slabOwner == 0 {
+		r := a.rec(o)
+		if r.flags&flagInLRU == 0 {
+			return nil, 0, 0
+		}
+		return []uint32{o}, r.off, r.off + a.spanOf(r)
+	}
+	id := o &^ slabOwner
+	var victims []uint32
+	all := true
+	a.slabObjects(id, func(idx uint32) bool {
+		if a.rec(idx).flags&flagInLRU == 0 {
+			all = false
+			return false
+		}
+		victims = append(victims, idx)
+		return true
+	})
+	if !all || len(victims) == 0 {
+		return nil, 0, 0
+	}
+	s := &a.slabs[id]
+	return victims, s.off, s.off + s.span
+}
+
+// evictLocked evicts v, an object on the LRU list, calling OnEvict without the
+// lock held, and reports whether v's space was freed as an eviction.
+func (a *Arena) evictLocked(v uint32) bool {
+	a.lruRemove(v)
+	r := a.rec(v) // records never move: r stays valid while the lock is dropped
+	r.flags |= flagEvicting
+	span := a.spanOf(r)
 	a.inflight++
-	a.inflightBytes += v.span
-	ev := Evicted{Key: v.key, Format: v.format, Bytes: a.bytesOf(v)}
+	a.inflightBytes += span
+	ev := Evicted{Key: a.keyString(r), Format: r.format, Bytes: a.mem[r.off : r.off+r.size : r.off+r.size]}
 
 	a.mu.Unlock()
 	finished := false
@@ -76,12 +189,12 @@ func (a *Arena) evictLocked(v *object) bool {
 			// OnEvict panicked: take the lock back for the caller's deferred
 			// unlock and keep the victim, so the arena stays consistent.
 			a.mu.Lock()
-			a.endEvictLocked(v)
-			v.touched = false
-			if v.state == gone {
+			a.endEvictLocked(v, span)
+			r.flags &^= flagTouched
+			if r.state == gone {
 				a.freeLocked(v)
-			} else if v.leases == 0 && !a.closed {
-				a.lru.pushFront(v)
+			} else if leasesOf(r) == 0 && !a.closed {
+				a.lruPushFront(v)
 			}
 		}
 	}()
@@ -92,28 +205,29 @@ func (a *Arena) evictLocked(v *object) bool {
 	a.mu.Lock()
 	finished = true
 
-	a.endEvictLocked(v)
+	a.endEvictLocked(v, span)
 	defer func() {
 		if err := a.unmapLocked(); err != nil { // the arena closed during OnEvict
 			a.cfg.Logger.Warn("arena: releasing memory after close", "err", err)
 		}
 	}()
 	switch {
-	case v.state == gone: // removed during OnEvict: freed as removed, not evicted
+	case r.state == gone: // removed during OnEvict: freed as removed, not evicted
 		a.freeLocked(v)
 		return false
-	case v.leases > 0 || v.touched:
-		v.touched = false
+	case leasesOf(r) > 0 || r.flags&flagTouched != 0:
+		r.flags &^= flagTouched
 		a.skipped++
-		if v.leases == 0 && !a.closed {
-			a.lru.pushFront(v)
+		if leasesOf(r) == 0 && !a.closed {
+			a.lruPushFront(v)
 		}
 		return false
 	}
+	size := r.size
 	a.unindexLocked(v)
 	a.freeLocked(v)
 	a.evictions++
-	a.evictedBytes += v.size
+	a.evictedBytes += size
 	if spilled {
 		a.spilled++
 	} else {
@@ -123,9 +237,9 @@ func (a *Arena) evictLocked(v *object) bool {
 }
 
 // endEvictLocked ends v's eviction in flight.
-func (a *Arena) endEvictLocked(v *object) {
-	v.evicting = false
+func (a *Arena) endEvictLocked(v uint32, span int64) {
+	a.rec(v).flags &^= flagEvicting
 	a.inflight--
-	a.inflightBytes -= v.span
+	a.inflightBytes -= span
 	a.cond.Broadcast()
 }

@@ -8,7 +8,8 @@ import (
 
 // Extents is an offset allocator: it hands out extents (runs of consecutive units)
 // of the range [0, size) and takes them back. The arena uses it in units of its
-// alignment, so that every object starts on an aligned address.
+// alignment, for objects of at least the alignment (which so start on an aligned
+// address) and for slabs of smaller ones.
 //
 // Placement is best fit: Alloc takes the smallest free extent that holds n units,
 // and of equal-sized ones the lowest offset, and carves the object from that
@@ -32,6 +33,7 @@ type Extents struct {
 	byStart  map[int64]*freeExtent // free extents by first unit
 	byEnd    map[int64]*freeExtent // free extents by the unit after their last
 	alloc    map[int64]int64       // allocated extents: offset → length
+	allocEnd map[int64]int64       // allocated extents: the unit after their last → offset
 	rng      uint64                // treap priorities
 	recycled *freeExtent           // spare nodes, linked through right
 }
@@ -48,11 +50,12 @@ type freeExtent struct {
 // that is not positive gives an allocator with nothing to hand out.
 func NewExtents(size int64) *Extents {
 	x := &Extents{
-		size:    max(size, 0),
-		byStart: map[int64]*freeExtent{},
-		byEnd:   map[int64]*freeExtent{},
-		alloc:   map[int64]int64{},
-		rng:     0x9e3779b97f4a7c15,
+		size:     max(size, 0),
+		byStart:  map[int64]*freeExtent{},
+		byEnd:    map[int64]*freeExtent{},
+		alloc:    map[int64]int64{},
+		allocEnd: map[int64]int64{},
+		rng:      0x9e3779b97f4a7c15,
 	}
 	if x.size > 0 {
 		x.insertFree(0, x.size)
@@ -112,6 +115,7 @@ func (x *Extents) Alloc(n int64) (off int64, ok bool) {
 		x.insertFree(off+n, rest)
 	}
 	x.alloc[off] = n
+	x.allocEnd[off+n] = off
 	return off, true
 }
 
@@ -128,6 +132,7 @@ func (x *Extents) Free(off, n int64) error {
 		return fmt.Errorf("free [%d, +%d): the extent allocated there has %d units: %w", off, n, got, ErrExtent)
 	}
 	delete(x.alloc, off)
+	delete(x.allocEnd, off+n)
 	start, end := off, off+n
 	if left := x.byEnd[start]; left != nil {
 		start = left.off
@@ -166,6 +171,32 @@ func (x *Extents) FreeList(fn func(off, n int64) bool) {
 		}
 		t = t.right
 	}
+}
+
+// FreeListDescending calls fn for every free extent from the largest down (of
+// equal lengths, the highest offset first) until fn returns false.
+func (x *Extents) FreeListDescending(fn func(off, n int64) bool) {
+	var stack []*freeExtent
+	for t := x.root; t != nil || len(stack) > 0; {
+		for ; t != nil; t = t.right {
+			stack = append(stack, t)
+		}
+		t = stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if !fn(t.off, t.n) {
+			return
+		}
+		t = t.left
+	}
+}
+
+// AllocatedBefore is the offset of the allocated extent that ends where off
+// begins, -1 when none does.
+func (x *Extents) AllocatedBefore(off int64) int64 {
+	if start, ok := x.allocEnd[off]; ok {
+		return start
+	}
+	return -1
 }
 
 // Check verifies the allocator's invariants and returns the first violation: the
@@ -217,6 +248,12 @@ func (x *Extents) Check() error {
 	}
 	for off, n := range x.alloc {
 		all = append(all, ext{off, n, false})
+		if x.allocEnd[off+n] != off {
+			return fmt.Errorf("allocated extent [%d, +%d) is missing from the end map", off, n)
+		}
+	}
+	if len(x.allocEnd) != len(x.alloc) {
+		return fmt.Errorf("%d allocated extents, %d in the end map", len(x.alloc), len(x.allocEnd))
 	}
 	slices.SortFunc(all, func(a, b ext) int { return cmp.Compare(a.off, b.off) })
 	next := int64(0)

@@ -3,6 +3,7 @@ package arena
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"testing"
@@ -52,6 +53,45 @@ func TestExtentsBestFitLowestOffset(t *testing.T) {
 	}
 	if x.LargestFree() != 44 {
 		t.Fatalf("largest free %d, want 44", x.LargestFree())
+	}
+}
+
+// TestExtentsNeighbours covers what region eviction walks: the free extents from
+// the largest down, and the allocated extent that ends where a free one begins.
+func TestExtentsNeighbours(t *testing.T) {
+	x := NewExtents(100)
+	var offs []int64
+	for _, n := range []int64{5, 10, 5, 5, 5, 10, 5} {
+		off, ok := x.Alloc(n)
+		if !ok {
+			t.Fatalf("alloc %d", n)
+		}
+		offs = append(offs, off)
+	}
+	for _, i := range []int{1, 3, 5} {
+		if err := x.Free(offs[i], map[int]int64{1: 10, 3: 5, 5: 10}[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Free: [5,+10) [20,+5) [30,+10) [45,+55): largest first, of equal lengths
+	// the highest offset first.
+	var got [][2]int64
+	x.FreeListDescending(func(off, n int64) bool { got = append(got, [2]int64{off, n}); return true })
+	if want := [][2]int64{{45, 55}, {30, 10}, {5, 10}, {20, 5}}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("free extents largest first: %v, want %v", got, want)
+	}
+	got = got[:0]
+	x.FreeListDescending(func(off, n int64) bool { got = append(got, [2]int64{off, n}); return len(got) < 2 })
+	if len(got) != 2 {
+		t.Fatalf("the walk did not stop when fn returned false: %v", got)
+	}
+	for _, c := range []struct{ free, want int64 }{{5, 0}, {20, 15}, {30, 25}, {45, 40}, {0, -1}, {7, -1}} {
+		if got := x.AllocatedBefore(c.free); got != c.want {
+			t.Fatalf("allocated extent ending at %d starts at %d, want %d", c.free, got, c.want)
+		}
+	}
+	if err := x.Check(); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -1,39 +1,40 @@
 package arena
 
-// lruList is an intrusive doubly linked list of objects, most recent first.
-type lruList struct {
-	root object // sentinel: root.next is the front, root.prev the back
-	n    int
-}
+// The LRU list links committed objects that can be evicted, most recent first,
+// through their records' prev and next fields; record 0 is the sentinel (its next
+// is the front, its prev the back). Off the list, prev holds the lease count
+// (leasesOf).
 
-func (l *lruList) init() {
-	l.root.next, l.root.prev, l.n = &l.root, &l.root, 0
-}
-
-func (l *lruList) pushFront(o *object) {
-	if o.inLRU {
-		l.remove(o)
+func (a *Arena) lruPushFront(i uint32) {
+	r := a.rec(i)
+	if r.flags&flagInLRU != 0 {
+		a.lruRemove(i)
 	}
-	o.prev, o.next = &l.root, l.root.next
-	l.root.next.prev = o
-	l.root.next = o
-	o.inLRU = true
-	l.n++
+	root := a.rec(0)
+	r.prev, r.next = 0, root.next
+	a.rec(root.next).prev = i
+	root.next = i
+	r.flags |= flagInLRU
+	a.lruN++
 }
 
-func (l *lruList) remove(o *object) {
-	if !o.inLRU {
+// lruRemove takes i off the list, leaving it with no leases counted.
+func (a *Arena) lruRemove(i uint32) {
+	r := a.rec(i)
+	if r.flags&flagInLRU == 0 {
 		return
 	}
-	o.prev.next, o.next.prev = o.next, o.prev
-	o.prev, o.next, o.inLRU = nil, nil, false
-	l.n--
+	a.rec(r.prev).next = r.next
+	a.rec(r.next).prev = r.prev
+	r.prev, r.next = 0, 0
+	r.flags &^= flagInLRU
+	a.lruN--
 }
 
-// back is the least recently used object, nil when the list is empty.
-func (l *lruList) back() *object {
-	if l.n == 0 {
-		return nil
+// lruBack is the least recently used object, 0 when the list is empty.
+func (a *Arena) lruBack() uint32 {
+	if a.lruN == 0 {
+		return 0
 	}
-	return l.root.prev
+	return a.rec(0).prev
 }

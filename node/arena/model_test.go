@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -14,7 +15,11 @@ import (
 
 // The reference model of an arena: every object it ever held, what state it is
 // in, its leases and its recency. Background eviction is off (high watermark 1),
-// so the only evictions are Reserve's, and the model predicts them exactly.
+// so the only evictions are Reserve's. The model predicts the first lruVictims of
+// them exactly (least recently used first); the region eviction after them
+// depends on where objects lie, so for those it checks that each victim could be
+// evicted at its turn, and that a Reserve fails only when nothing is left to
+// evict and no free extent fits.
 
 type modelObject struct {
 	id      int
@@ -45,6 +50,21 @@ type arenaModel struct {
 	tick    int
 	nextID  int
 	evicted int64
+	slab    int64 // Config.SlabBytes
+	size    int64 // the arena's bytes
+}
+
+// span is what an object of size bytes under key holds: a slot of its size class
+// (slab.go), or an extent of its own.
+func (m *arenaModel) span(size int, key string) (span, fresh int64) {
+	if c := classOf(int64(size + len(key) + slotIndexBytes)); size < int(m.unit) && c >= 0 {
+		slab := (max(m.slab, 4*classes[c]) + m.unit - 1) / m.unit * m.unit
+		if slab <= m.size {
+			return classes[c], slab
+		}
+	}
+	span = (int64(size) + m.unit - 1) / m.unit * m.unit
+	return span, span
 }
 
 // data is the content of object id: ids are unique, so a stale read shows.
@@ -85,8 +105,8 @@ func (m *arenaModel) evictable() []*modelObject {
 func (m *arenaModel) reserve(t *rapid.T) {
 	key := rapid.SampledFrom(m.keys).Draw(t, "key")
 	format := uint64(rapid.IntRange(1, 2).Draw(t, "format"))
-	size := rapid.IntRange(1, 8*int(m.unit)).Draw(t, "size")
-	span := (int64(size) + m.unit - 1) / m.unit * m.unit
+	size := rapid.OneOf(rapid.IntRange(1, int(m.unit)-1), rapid.IntRange(1, 8*int(m.unit))).Draw(t, "size")
+	span, fresh := m.span(size, key)
 	m.victims = m.victims[:0]
 	p, err := m.a.Reserve(key, format, int64(size))
 	if old := m.index[key]; old != nil {
@@ -98,13 +118,15 @@ func (m *arenaModel) reserve(t *rapid.T) {
 		}
 		return
 	}
-	// Each victim must be the least recently used evictable object at its turn.
-	for _, v := range m.victims {
+	// The first victims must each be the least recently used evictable object at
+	// its turn, the rest evictable.
+	for i, v := range m.victims {
 		cand := m.evictable()
-		if len(cand) == 0 || cand[0].key != v.Key {
-			t.Fatalf("evicted %s; the least recently used evictable object is %v", v.Key, cand)
+		j := slices.IndexFunc(cand, func(o *modelObject) bool { return o.key == v.Key })
+		if j < 0 || i < lruVictims && j != 0 {
+			t.Fatalf("victim %d is %s; the evictable objects, least recently used first, are %v", i, v.Key, cand)
 		}
-		o := cand[0]
+		o := cand[j]
 		if v.Format != o.format || !bytes.Equal(v.Bytes, m.data(o)) {
 			t.Fatalf("OnEvict(%s) saw format %d and other bytes than were written", v.Key, v.Format)
 		}
@@ -116,8 +138,8 @@ func (m *arenaModel) reserve(t *rapid.T) {
 		if left := m.evictable(); len(left) > 0 {
 			t.Fatalf("no space with %d evictable objects left", len(left))
 		}
-		if st := m.a.Stats(); st.LargestFreeExtent >= span {
-			t.Fatalf("no space for %d bytes with a free extent of %d", span, st.LargestFreeExtent)
+		if st := m.a.Stats(); st.LargestFreeExtent >= fresh {
+			t.Fatalf("no space for %d bytes with a free extent of %d", fresh, st.LargestFreeExtent)
 		}
 		return
 	}
@@ -245,9 +267,9 @@ func (m *arenaModel) check(t *rapid.T) {
 		}
 	}
 	st := m.a.Stats()
-	if st.UsedBytes != m.used() || st.Objects != committedN || st.PendingObjects != pendingN ||
+	if st.HeldBytes != m.used() || st.UsedBytes < st.HeldBytes || st.Objects != committedN || st.PendingObjects != pendingN ||
 		st.LeasedObjects != leasedN || st.Leases != int64(len(m.leases)) || st.Evictions != m.evicted {
-		t.Fatalf("stats %+v; model: used %d, %d committed, %d pending, %d leased by %d leases, %d evicted",
+		t.Fatalf("stats %+v; model: held %d, %d committed, %d pending, %d leased by %d leases, %d evicted",
 			st, m.used(), committedN, pendingN, leasedN, len(m.leases), m.evicted)
 	}
 	if m.spill && st.Spilled != m.evicted || !m.spill && st.Dropped != m.evicted {
@@ -268,10 +290,15 @@ func TestArenaModel(t *testing.T) {
 		cfg := DefaultConfig(unit * int64(rapid.IntRange(8, 48).Draw(t, "units")))
 		cfg.Allocator, cfg.Logger = al, slog.New(slog.DiscardHandler)
 		cfg.Alignment = unit
+		cfg.SlabBytes = int64(rapid.SampledFrom([]int{64, 128, 256}).Draw(t, "slab"))
 		cfg.HighWatermark, cfg.LowWatermark = 1, 0.99 // eviction only by Reserve
 		m := &arenaModel{
-			unit:  unit,
-			keys:  []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j"},
+			unit: unit,
+			// Short keys, and long ones that take several key blocks or push a
+			// small object out of the slabs.
+			keys:  []string{"a", "b", "c", "d", "e", "f", "g", "h", strings.Repeat("i", 61), strings.Repeat("j", 130)},
+			slab:  cfg.SlabBytes,
+			size:  cfg.SizeBytes,
 			objs:  map[int]*modelObject{},
 			index: map[string]*modelObject{},
 			spill: rapid.Bool().Draw(t, "spill"),
@@ -316,8 +343,15 @@ func TestArenaModel(t *testing.T) {
 		for _, o := range m.index {
 			want += o.span
 		}
-		if st := a.Stats(); st.UsedBytes != want || st.PendingBytes != 0 || st.LeasedObjects != 0 {
+		if st := a.Stats(); st.HeldBytes != want || st.PendingBytes != 0 || st.LeasedObjects != 0 {
 			t.Fatalf("after ending every lease and write: %+v, want %d bytes used", st, want)
+		}
+		// Removing every object leaves an empty allocator: no slab outlives its objects.
+		for key := range m.index {
+			a.Remove(key)
+		}
+		if st := a.Stats(); st.UsedBytes != 0 || st.Slabs != 0 || st.HeldBytes != 0 {
+			t.Fatalf("after removing every object: %+v", st)
 		}
 	})
 }

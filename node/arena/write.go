@@ -3,6 +3,7 @@ package arena
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"sync/atomic"
 
 	"github.com/stratakv/strata/hostmem"
@@ -18,7 +19,8 @@ import (
 // after Reserve does it, since Abort after Commit does nothing.
 type Pending struct {
 	a    *Arena
-	obj  *object
+	idx  uint32 // the object's record: it is not freed while pending
+	key  string
 	b    []byte
 	done atomic.Bool
 }
@@ -29,9 +31,12 @@ type Pending struct {
 // holds when the existing object has another format), and with ErrNoSpace when
 // no free extent fits even after evicting every object that can be evicted (the
 // rest is leased or pending). When the free space does not fit the object it
-// evicts synchronously, least recently used first, calling OnEvict for each
-// victim. It does not wait for leases to end, so it never blocks for long; it
-// only waits for evictions that other goroutines have in flight.
+// evicts synchronously, calling OnEvict for each victim: least recently used
+// first and, when a few of those have not made room, whole regions next to the
+// largest free extents, so that the objects it evicts are in proportion to the
+// size it needs however fragmented the free space is (evict.go). It does not
+// wait for leases to end, so it never blocks for long; it only waits for
+// evictions that other goroutines have in flight.
 //
 // The Pending must end in Commit or Abort, whatever happens to the writer: see
 // Pending.
@@ -42,6 +47,7 @@ func (a *Arena) Reserve(key string, format uint64, size int64) (*Pending, error)
 	if size <= 0 {
 		return nil, fmt.Errorf("reserve %q: size %d must be positive: %w", key, size, ErrSize)
 	}
+	h := maphash.String(a.seed, key)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if size > a.size {
@@ -49,32 +55,47 @@ func (a *Arena) Reserve(key string, format uint64, size int64) (*Pending, error)
 		return nil, fmt.Errorf("reserve %q: %s is larger than the whole arena (%s); raise the arena size: %w",
 			key, hostmem.FormatBytes(size), hostmem.FormatBytes(a.size), ErrNoSpace)
 	}
-	span := (size + a.unit - 1) / a.unit * a.unit
-	// Each victim tried is evicted or, if read during OnEvict, moved to the front;
-	// trying twice as many as there are objects is more than enough to go round.
-	budget := 2*len(a.objects) + 2
+	class := a.smallClass(size, len(key))
+	// units is the extent a new allocation needs: the object's own, or a new slab's.
+	units := (size + a.unit - 1) / a.unit
+	if class >= 0 {
+		units = a.slabSpan(class) / a.unit
+	}
+	// Each eviction tried frees its victim or, if it was read during OnEvict,
+	// moves it to the front; trying twice as many as there are objects is more
+	// than enough to go round.
+	budget := 2*int64(a.recs.live) + 2
+	lruTries := 0
 	for {
 		if a.closed {
 			return nil, fmt.Errorf("reserve %q: %w", key, ErrClosed)
 		}
-		if o := a.objects[key]; o != nil {
-			if o.format != format {
-				return nil, fmt.Errorf("reserve %q: held by an object of format %#x, not %#x: %w (%w)", key, o.format, format, ErrExists, ErrFormat)
+		if idx := a.lookupLocked(key, h); idx != 0 {
+			if f := a.rec(idx).format; f != format {
+				return nil, fmt.Errorf("reserve %q: held by an object of format %#x, not %#x: %w (%w)", key, f, format, ErrExists, ErrFormat)
 			}
 			return nil, fmt.Errorf("reserve %q: %w", key, ErrExists)
 		}
-		if unit, ok := a.ext.Alloc(span / a.unit); ok {
-			o := &object{key: key, format: format, off: unit * a.unit, size: size, span: span, state: pending, settled: make(chan struct{})}
-			a.objects[key] = o
-			a.pending++
-			a.pendingBytes += span
-			a.kickLocked()
-			return &Pending{a: a, obj: o, b: a.bytesOf(o)}, nil
+		p, ok, err := a.placeLocked(key, h, format, size, class)
+		if err != nil {
+			return nil, fmt.Errorf("reserve %q: %w", key, err)
 		}
-		if v := a.lru.back(); v != nil && budget > 0 {
+		if ok {
+			return p, nil
+		}
+		if budget > 0 {
 			budget--
-			a.evictLocked(v)
-			continue
+			// The least recently used first; when a few of them have not made
+			// room the free space is fragmented, and whole regions beside the
+			// largest free extents go instead (evict.go).
+			if v := a.lruBack(); v != 0 && lruTries < lruVictims {
+				lruTries++
+				a.evictLocked(v)
+				continue
+			}
+			if a.evictRegionLocked(units) {
+				continue
+			}
 		}
 		if a.inflight > 0 {
 			// Another goroutine's OnEvict runs; its victim's space may fit.
@@ -83,13 +104,13 @@ func (a *Arena) Reserve(key string, format uint64, size int64) (*Pending, error)
 		}
 		a.noSpace++
 		return nil, fmt.Errorf("reserve %q: no free extent fits %s; %s free in %d extents (largest %s), %d objects leased, %s being written: %w",
-			key, hostmem.FormatBytes(span), hostmem.FormatBytes(a.ext.FreeUnits()*a.unit), a.ext.FreeExtents(),
+			key, hostmem.FormatBytes(units*a.unit), hostmem.FormatBytes(a.ext.FreeUnits()*a.unit), a.ext.FreeExtents(),
 			hostmem.FormatBytes(a.ext.LargestFree()*a.unit), a.leased, hostmem.FormatBytes(a.pendingBytes), ErrNoSpace)
 	}
 }
 
 // Key is the key the object is reserved under.
-func (p *Pending) Key() string { return p.obj.key }
+func (p *Pending) Key() string { return p.key }
 
 // Bytes is the reserved region, exactly the reserved size long; nil after Commit
 // or Abort.
@@ -104,27 +125,26 @@ func (p *Pending) Bytes() []byte {
 // recently used. It fails with ErrDone after Commit or Abort, and with ErrClosed
 // (dropping the object) after the arena's Close.
 func (p *Pending) Commit() error {
-	a, o := p.a, p.obj
+	a := p.a
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if p.done.Load() {
-		return fmt.Errorf("commit %q: %w", o.key, ErrDone)
+		return fmt.Errorf("commit %q: %w", p.key, ErrDone)
 	}
 	p.done.Store(true)
-	a.pending--
-	a.pendingBytes -= o.span
-	close(o.settled)
+	a.settleLocked(p.idx)
 	if a.closed {
-		a.dropLocked(o)
+		a.dropLocked(p.idx)
 		if err := a.unmapLocked(); err != nil {
 			a.cfg.Logger.Warn("arena: releasing memory after close", "err", err)
 		}
-		return fmt.Errorf("commit %q: %w", o.key, ErrClosed)
+		return fmt.Errorf("commit %q: %w", p.key, ErrClosed)
 	}
-	o.state = committed
+	r := a.rec(p.idx)
+	r.state = committed
 	a.committed++
-	a.committedBytes += o.size
-	a.lru.pushFront(o)
+	a.committedBytes += r.size
+	a.lruPushFront(p.idx)
 	a.kickLocked()
 	return nil
 }
@@ -132,20 +152,26 @@ func (p *Pending) Commit() error {
 // Abort frees the reservation. It does nothing after Commit or Abort, so a writer
 // can defer it right after Reserve.
 func (p *Pending) Abort() {
-	a, o := p.a, p.obj
+	a := p.a
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if p.done.Load() {
 		return
 	}
 	p.done.Store(true)
-	a.pending--
-	a.pendingBytes -= o.span
-	close(o.settled)
-	a.dropLocked(o)
+	a.settleLocked(p.idx)
+	a.dropLocked(p.idx)
 	if err := a.unmapLocked(); err != nil {
 		a.cfg.Logger.Warn("arena: releasing memory after close", "err", err)
 	}
+}
+
+// settleLocked ends pending object idx's write: its waiters in Await wake.
+func (a *Arena) settleLocked(idx uint32) {
+	a.pending--
+	a.pendingBytes -= a.spanOf(a.rec(idx))
+	close(a.settled[idx])
+	delete(a.settled, idx)
 }
 
 // Await waits until no write of key is pending: the object being written under
@@ -174,19 +200,24 @@ func (a *Arena) Await(ctx context.Context, key string) (bool, error) {
 // pendingWrite returns the channel that closes when the pending write of key
 // ends, or nil when none is pending.
 func (a *Arena) pendingWrite(key string) <-chan struct{} {
+	h := maphash.String(a.seed, key)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if o := a.objects[key]; o != nil && o.state == pending {
-		return o.settled
+	if a.closed {
+		return nil
+	}
+	if idx := a.lookupLocked(key, h); idx != 0 && a.rec(idx).state == pending {
+		return a.settled[idx]
 	}
 	return nil
 }
 
 // dropLocked takes a pending object out of the index and frees its space.
-func (a *Arena) dropLocked(o *object) {
-	delete(a.objects, o.key)
-	o.state = gone
-	a.freeLocked(o)
+func (a *Arena) dropLocked(idx uint32) {
+	r := a.rec(idx)
+	a.tab.remove(idx, r.hash)
+	r.state = gone
+	a.freeLocked(idx)
 }
 
 func (a *Arena) checkKey(key string) error {

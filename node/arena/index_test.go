@@ -1,0 +1,145 @@
+package arena
+
+import (
+	"hash/maphash"
+	"testing"
+	"unsafe"
+
+	"pgregory.net/rapid"
+)
+
+// TestTableModel checks the hash table against a map under inserts and removes
+// whose hashes share a few home slots, so that long probe runs form, wrap around
+// the end, and are mended by backward-shift deletion, across growth.
+func TestTableModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		tab, err := newTable(tableMinSlots)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tab.close()
+		model := map[uint32]uint64{} // record index → hash
+		next := uint32(1)
+		t.Repeat(map[string]func(*rapid.T){
+			"insert": func(t *rapid.T) {
+				if len(model) > 900 { // past 768 entries the table has doubled
+					t.Skip("large enough: the table has grown")
+				}
+				n := rapid.IntRange(1, 100).Draw(t, "n")
+				for range n {
+					// A few homes near the end of the table, so that runs wrap,
+					// or anywhere.
+					h := rapid.Uint64().Draw(t, "hash")
+					if rapid.Bool().Draw(t, "clustered") {
+						h = rapid.SampledFrom([]uint64{0, 1, 2, 1020, 1022, 1023, 5000}).Draw(t, "home")
+						h |= uint64(next) << 40 // high bits: the record's own
+					}
+					if err := tab.insert(next, h); err != nil {
+						t.Fatal(err)
+					}
+					model[next] = h
+					next++
+				}
+			},
+			"remove": func(t *rapid.T) {
+				if len(model) == 0 {
+					t.Skip("empty")
+				}
+				for idx, h := range model { // any one
+					tab.remove(idx, h)
+					delete(model, idx)
+					break
+				}
+			},
+			"": func(t *rapid.T) {
+				if tab.n != len(model) || tab.n*4 > len(tab.slots)*3 || tab.old != nil && tab.n > len(tab.slots) {
+					t.Fatalf("table counts %d in %d slots, model %d", tab.n, len(tab.slots), len(model))
+				}
+				// Every entry is reachable from its home slot without crossing an
+				// empty slot, which is what lookups rely on, in the new table or
+				// in the old one while it is migrated.
+				for idx, h := range model {
+					if pos, _ := tab.find(idx, h); pos < 0 {
+						t.Fatalf("record %d (hash %#x) is not reachable from its home", idx, h)
+					}
+				}
+				n := 0
+				tab.entries(func(s uint64) {
+					n++
+					if h, ok := model[uint32(s)]; !ok || s>>32 != h&(1<<32-1) {
+						t.Fatalf("slot %#x: not in the model, or under other hash bits", s)
+					}
+				})
+				if n != len(model) {
+					t.Fatalf("%d entries in the tables, %d in the model", n, len(model))
+				}
+			},
+		})
+	})
+}
+
+// TestLookupComparesKeys: a key that shares another's hash is not found as it,
+// so a collision never serves a foreign object. Both places a key lies are
+// covered: after a small object's bytes in its slot, and in key blocks.
+func TestLookupComparesKeys(t *testing.T) {
+	a := newArena(t, testConfig(t, 1<<20))
+	put(t, a, "small", 1, 100)
+	put(t, a, "large-object-with-a-key-longer-than-one-key-block-of-sixty-bytes", 1, 8192)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range []struct{ stored, other string }{
+		{"small", "smalL"},
+		{"small", "smal"},
+		{"large-object-with-a-key-longer-than-one-key-block-of-sixty-bytes", "large-object-with-a-key-longer-than-one-key-block-of-sixty-byteS"},
+		{"large-object-with-a-key-longer-than-one-key-block-of-sixty-bytes", "large-object-with-a-key-longer-than-one-key-block-of-sixty-bytesX"},
+	} {
+		h := maphash.String(a.seed, c.stored)
+		if a.lookupLocked(c.stored, h) == 0 {
+			t.Fatalf("%s is not found", c.stored)
+		}
+		if idx := a.lookupLocked(c.other, h); idx != 0 {
+			t.Fatalf("%s, under the hash of %s, found record %d", c.other, c.stored, idx)
+		}
+	}
+}
+
+// TestIndexStaysOffTheGoHeap: 200k small objects grow the Go heap by next to
+// nothing (the map-of-structs index took ~376 B each), and their metadata, the
+// index's mapped bytes, stays within budget.
+func TestIndexStaysOffTheGoHeap(t *testing.T) {
+	const n = 200_000
+	a := newArena(t, testConfig(t, 64<<20))
+	heap0 := heapInuse()
+	buf := make([]byte, 0, 80)
+	for i := range n {
+		put(t, a, string(smallKey(buf, i)), 1, int(smallSize(i)))
+	}
+	grew := heapInuse() - heap0
+	st := a.Stats()
+	t.Logf("%d objects: Go heap grew %d bytes, the index maps %d bytes (%.1f per object), objects use %.1f bytes each",
+		n, grew, st.IndexBytes, float64(st.IndexBytes)/n, float64(st.UsedBytes)/n)
+	if grew > n*8 {
+		t.Fatalf("%d objects grew the Go heap by %d bytes: the index is meant to be off it", n, grew)
+	}
+	// Records (48 B), table slots (8 B at a load of 3/8 to 3/4), and at this
+	// scale a few chunks not yet full.
+	if per := st.IndexBytes / n; per > 128 {
+		t.Fatalf("the index maps %d bytes per object, over the 128 B budget", per)
+	}
+	mustCheck(t, a)
+	for i := range n {
+		if i%1000 == 0 {
+			read(t, a, string(smallKey(buf, i)), 1, int(smallSize(i)))
+		}
+	}
+}
+
+// The record's size is the per-object metadata budget's largest part.
+func TestRecordIs48Bytes(t *testing.T) {
+	if n := unsafe.Sizeof(record{}); n != 48 {
+		t.Fatalf("a record takes %d bytes, want 48: the index's memory per object grows with it", n)
+	}
+	if n := unsafe.Sizeof(keyBlock{}); n != 64 {
+		t.Fatalf("a key block takes %d bytes, want 64", n)
+	}
+}
