@@ -35,8 +35,13 @@ type Config struct {
 	// SpillDir is the SSD directory evicted objects go to (and are promoted back
 	// from on a hit); "" means evicted objects are dropped.
 	SpillDir string `json:"spill-dir"`
-	// SpillBytes bounds the spill directory.
+	// SpillBytes bounds the spill directory (the device's free space bounds it
+	// too); past it the oldest segment file is dropped whole.
 	SpillBytes int64 `json:"spill-capacity"`
+	// SpillSegmentBytes is the size of the spill's segment files, the unit it
+	// drops when full; 0 means 256 MiB. A spill smaller than eight segments
+	// uses an eighth of its capacity.
+	SpillSegmentBytes int64 `json:"spill-segment"`
 	// RemoteAddrs are the seed addresses of a Redis Cluster (or one Redis server)
 	// that the service writes through to: puts are copied there asynchronously, and
 	// a get that misses the arena and the spill looks there, so node services that
@@ -153,9 +158,10 @@ func (s *Server) hookAwaiting(key string) {
 }
 
 // DefaultConfig returns a service on socket with a 4 GiB arena, watermarks 0.90
-// and 0.85, no spill, a 64 GiB per-client quota, 64 segments per client, 128
-// connections per user, 10 s Hello and frame timeouts, no idle timeout, 256 MiB
-// of request memory and an admin port on a free loopback port serving full stats.
+// and 0.85, no spill (64 GiB of 256 MiB segments when one is given), a 64 GiB
+// per-client quota, 64 segments per client, 128 connections per user, 10 s
+// Hello and frame timeouts, no idle timeout, 256 MiB of request memory and an
+// admin port on a free loopback port serving full stats.
 func DefaultConfig(socket string) Config {
 	return Config{
 		Socket:               socket,
@@ -165,6 +171,7 @@ func DefaultConfig(socket string) Config {
 		HighWatermark:        0.90,
 		LowWatermark:         0.85,
 		SpillBytes:           64 << 30,
+		SpillSegmentBytes:    256 << 20,
 		ClientQuotaBytes:     64 << 30,
 		RemoteQueueBytes:     1 << 30,
 		MaxClients:           256,
@@ -194,6 +201,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("watermarks low %v, high %v (--low-watermark, --high-watermark): want 0 < low < high <= 1: %w", c.LowWatermark, c.HighWatermark, ErrConfig)
 	case c.SpillDir != "" && c.SpillBytes <= 0:
 		return fmt.Errorf("spill capacity %d bytes (--spill-capacity): want positive: %w", c.SpillBytes, ErrConfig)
+	case c.SpillSegmentBytes != 0 && (c.SpillSegmentBytes < 1<<20 || c.SpillSegmentBytes > 64<<30):
+		return fmt.Errorf("spill segments of %d bytes (--spill-segment): want 1 MiB to 64 GiB, or 0 for 256 MiB: %w", c.SpillSegmentBytes, ErrConfig)
 	case len(c.RemoteAddrs) > 0 && c.RemoteQueueBytes <= 0:
 		return fmt.Errorf("remote queue of %d bytes (--remote-queue): want positive: %w", c.RemoteQueueBytes, ErrConfig)
 	case c.MaxRegisteredBytes < 0:

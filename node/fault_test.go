@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,12 +15,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/stratakv/strata/internal/redistest"
+	"github.com/stratakv/strata/node/spill"
 	"github.com/stratakv/strata/node/wire"
 	"github.com/stratakv/strata/storage"
-	"github.com/stratakv/strata/storage/file"
 	"github.com/stratakv/strata/storage/redisstore"
 )
 
@@ -415,9 +417,9 @@ func checkFaulted(t *testing.T, what string, res []wire.Result) {
 func TestSpillReadWithoutRoomIntoTruncatedSegment(t *testing.T) {
 	const big = 2 << 20 // larger than the whole arena: never promoted
 	dir := t.TempDir()
-	fc := file.DefaultConfig(dir)
-	fc.Logger = quiet
-	fs, err := file.New(fc)
+	sc := spill.DefaultConfig(dir)
+	sc.Logger = quiet
+	fs, err := spill.New(sc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -570,5 +572,90 @@ func TestRemoteFetchIntoTruncatedSegment(t *testing.T) {
 	}
 	if r := c.batch(wire.TypeGet, item("small-bad", segs[0], 0, small))[0]; r.Status != wire.OK || !bytes.Equal(mems[0][:small], want["small-bad"]) {
 		t.Fatalf("get of the promoted object: %v %s", r.Status, r.Message)
+	}
+}
+
+// Objects the arena spilled survive a restart of the service: the new one
+// finds them in the spill's segment files, checks them and serves them; the
+// spill's state is on /stats and /metrics.
+func TestSpillSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	const n, size = 32, 64 << 10
+	tweak := func(c *Config) { c.ArenaBytes = 1 << 20; c.SpillDir = dir }
+	s := start(t, tweak)
+	c := dial(t, s)
+	r, seg := c.segment(n * size)
+	want := make([]byte, n*size)
+	pattern(want, 3)
+	copy(r.Bytes(), want)
+	for i := 0; i < n; i++ {
+		if res := c.batch(wire.TypePut, item(fmt.Sprintf("o%d", i), seg, uint64(i*size), size)); res[0].Status != wire.OK {
+			t.Fatalf("put %d: %+v", i, res[0])
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Counted once the arena's evictor stopped.
+	spilled := s.spill.Stats().Objects
+	if spilled == 0 {
+		t.Fatal("nothing spilled")
+	}
+
+	s = start(t, tweak)
+	st := s.Stats()
+	if st.Spill == nil || st.Spill.Recovered != spilled || st.Spill.TornTails != 0 {
+		t.Fatalf("after the restart the spill holds %+v, want the %d objects spilled before", st.Spill, spilled)
+	}
+	c = dial(t, s)
+	r, seg = c.segment(n * size)
+	clear(r.Bytes())
+	served := 0
+	for i := 0; i < n; i++ {
+		res := c.batch(wire.TypeGet, item(fmt.Sprintf("o%d", i), seg, uint64(i*size), size))
+		switch res[0].Status {
+		case wire.OK:
+			if !bytes.Equal(r.Bytes()[i*size:(i+1)*size], want[i*size:(i+1)*size]) {
+				t.Fatalf("o%d: wrong bytes after the restart", i)
+			}
+			served++
+		case wire.NotFound: // in the arena at the close, and dropped with it
+		default:
+			t.Fatalf("get o%d: %+v", i, res[0])
+		}
+	}
+	if int64(served) != spilled {
+		t.Fatalf("%d objects served after the restart, %d were spilled", served, spilled)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newCollector(s))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]bool{}
+	for _, mf := range mfs {
+		found[mf.GetName()] = true
+	}
+	for _, name := range []string{"strata_node_spill_objects", "strata_node_spill_segments", "strata_node_spill_reads_total", "strata_node_spill_dropped_total"} {
+		if !found[name] {
+			t.Errorf("metric %s missing from /metrics", name)
+		}
+	}
+}
+
+// --spill-segment sizes the spill's segment files; a size the spill cannot
+// use is refused by Validate, naming the flag.
+func TestSpillSegmentConfig(t *testing.T) {
+	for _, n := range []int64{4096, 65 << 30} {
+		c := DefaultConfig("/tmp/s.sock")
+		c.SpillDir, c.SpillSegmentBytes = t.TempDir(), n
+		if err := c.Validate(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "--spill-segment") {
+			t.Errorf("segments of %d bytes: %v", n, err)
+		}
+	}
+	s := start(t, func(c *Config) { c.SpillDir = t.TempDir(); c.SpillSegmentBytes = 2 << 20 })
+	if st := s.Stats(); st.Spill == nil || st.Spill.SegmentBytes != 2<<20 {
+		t.Fatalf("spill %+v, want segments of 2 MiB", st.Spill)
 	}
 }

@@ -28,9 +28,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/stratakv/strata/node/arena"
+	"github.com/stratakv/strata/node/spill"
 	"github.com/stratakv/strata/node/wire"
 	"github.com/stratakv/strata/storage"
-	"github.com/stratakv/strata/storage/file"
 	"github.com/stratakv/strata/storage/redisstore"
 )
 
@@ -43,8 +43,8 @@ type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	arena   *arena.Arena
-	spill   *file.Store // nil without a spill directory
-	remote  *remoteTier // nil without a remote tier
+	spill   *spill.Store // nil without a spill directory
+	remote  *remoteTier  // nil without a remote tier
 	ln      *net.UnixListener
 	admin   *http.Server
 	adminLn net.Listener
@@ -117,11 +117,13 @@ func New(cfg Config) (*Server, error) {
 		if err := probeSpillDir(cfg.SpillDir); err != nil {
 			return nil, err
 		}
-		fc := file.DefaultConfig(cfg.SpillDir)
-		fc.CapacityBytes = cfg.SpillBytes
-		fc.Sync = false // the spill is a cache: torn files are detected and dropped
-		fc.Logger = s.log
-		if s.spill, err = file.New(fc); err != nil {
+		sc := spill.DefaultConfig(cfg.SpillDir)
+		sc.CapacityBytes = cfg.SpillBytes
+		if cfg.SpillSegmentBytes > 0 {
+			sc.SegmentBytes = cfg.SpillSegmentBytes
+		}
+		sc.Logger = s.log
+		if s.spill, err = spill.New(sc); err != nil {
 			return nil, fmt.Errorf("spill directory (--spill-dir): %w", err)
 		}
 	}
@@ -350,7 +352,9 @@ func (s *Server) health() error {
 	return nil
 }
 
-// spillOne is the arena's eviction hook: write the object to the spill directory.
+// spillOne is the arena's eviction hook: append the object to the spill (a
+// copy into its write buffer, for all but the largest objects; it is readable
+// from the spill when this returns).
 func (s *Server) spillOne(obj arena.Evicted) bool {
 	if s.spill == nil {
 		return false

@@ -12,9 +12,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stratakv/strata/node/arena"
+	"github.com/stratakv/strata/node/spill"
 	"github.com/stratakv/strata/node/wire"
 	"github.com/stratakv/strata/storage"
-	"github.com/stratakv/strata/storage/file"
 )
 
 // maxInflight bounds the requests of one client handled at once.
@@ -473,7 +473,7 @@ func (c *session) reservePut(ctx context.Context, it wire.Item, size int64) (*ar
 				s.st.putSkipped.Add(1)
 				return nil, wire.Result{} // write-once: the spill has it
 			}
-			if errors.Is(err, file.ErrOtherFormat) {
+			if errors.Is(err, spill.ErrOtherFormat) {
 				return nil, formatMismatch(it.Key)
 			}
 		}

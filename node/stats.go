@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/stratakv/strata/node/arena"
-	"github.com/stratakv/strata/storage/file"
+	"github.com/stratakv/strata/node/spill"
 )
 
 // counters are the service's totals.
@@ -44,8 +44,8 @@ type Stats struct {
 	// RequestMemory is the budget of request memory in flight.
 	RequestMemory RequestMemoryStats `json:"requestMemory"`
 	// Arena is the DRAM tier, Spill the SSD tier (nil without one).
-	Arena arena.Stats `json:"arena"`
-	Spill *file.Stats `json:"spill,omitempty"`
+	Arena arena.Stats  `json:"arena"`
+	Spill *spill.Stats `json:"spill,omitempty"`
 	// Remote is the write-through to Redis (nil without one).
 	Remote *RemoteStats `json:"remote,omitempty"`
 	// Ops counts requests and objects since the service started.

@@ -117,7 +117,8 @@ func newServeSettings() *serveSettings {
 	frac("high-watermark", "arena fill that starts eviction", &c.HighWatermark)
 	frac("low-watermark", "arena fill eviction stops at", &c.LowWatermark)
 	str("spill-dir", "SSD directory for evicted objects, created if missing and checked writable at start (empty: drop them)", &c.SpillDir)
-	size("spill-capacity", "spill directory size bound, e.g. 500GiB", &c.SpillBytes)
+	size("spill-capacity", "spill directory size bound, e.g. 500GiB; past it (or the device's free space) the oldest segment file goes", &c.SpillBytes)
+	size("spill-segment", "size of the spill's append-only segment files, the unit dropped when full (a spill under eight segments uses an eighth of its capacity)", &c.SpillSegmentBytes)
 	add("remote", "Redis Cluster (or server) addresses to write through to, comma-separated (a JSON array in --config) (empty: none)", kindList, func(v string) error {
 		c.RemoteAddrs = nil
 		for _, a := range strings.Split(v, ",") {

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/stratakv/strata/node"
-	"github.com/stratakv/strata/storage/file"
+	"github.com/stratakv/strata/node/spill"
 )
 
 // syncBuffer is a bytes.Buffer a running command writes while the test reads.
@@ -253,7 +253,7 @@ func TestServeConfigErrorsNameTheFlag(t *testing.T) {
 // The text output shows the spill's failures, as --json does.
 func TestInspectTextShowsSpillErrors(t *testing.T) {
 	var st node.Stats
-	st.Spill = &file.Stats{CapacityBytes: 1 << 30, Faults: map[string]int64{"io": 2, "timeout": 0}}
+	st.Spill = &spill.Stats{CapacityBytes: 1 << 30, Faults: map[string]int64{"io": 2, "timeout": 0}}
 	st.Ops.SpillErrors = 3
 	var b bytes.Buffer
 	if err := writeInspect(&b, st); err != nil {

@@ -1,0 +1,9 @@
+package spill
+
+import "errors"
+
+// ErrOtherFormat is wrapped, together with storage.ErrNotFound, by ObjectSize
+// when the key holds an object of another format: a miss for a reader, and for
+// a writer a reason to refuse the put rather than report it stored (objects
+// are write-once, so the put would store nothing).
+var ErrOtherFormat = errors.New("object stored in another format")

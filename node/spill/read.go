@@ -1,0 +1,228 @@
+package spill
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
+	"golang.org/x/sys/unix"
+
+	"github.com/stratakv/strata/storage"
+)
+
+// GetObject reads key's object in format into runs, whose total length must be
+// the object's (ObjectSize tells it). A record on disk is checked before its
+// bytes are handed over: its header (the key in it included) and the data's
+// checksum. A missing object, or one of another format, is storage.ErrNotFound;
+// a record that fails a check is storage.ErrCorrupt and is forgotten. On error
+// runs hold undefined bytes.
+func (s *Store) GetObject(ctx context.Context, key string, format storage.Format, runs ...[]byte) error {
+	if err := ctx.Err(); err != nil {
+		return ctxError("get", err)
+	}
+	if err := s.begin("get", key); err != nil {
+		return err
+	}
+	defer s.inflight.Done()
+	err := s.get(key, uint64(format), runs)
+	s.st.faults.Add(err)
+	return err
+}
+
+func (s *Store) get(key string, format uint64, runs [][]byte) error {
+	h := hashKey(key)
+	size := runsLen(runs)
+	s.mu.Lock()
+	e, ok := s.index[h]
+	switch {
+	case !ok:
+		s.mu.Unlock()
+		s.st.misses.Add(1)
+		return fmt.Errorf("spill: object %s: %w", key, storage.ErrNotFound)
+	case e.format != format:
+		s.mu.Unlock()
+		s.st.misses.Add(1)
+		return fmt.Errorf("spill: object %s is stored in another format (another layout, geometry or page size): %w", key, storage.ErrNotFound)
+	case e.size != size:
+		s.mu.Unlock()
+		return fmt.Errorf("spill: object %s holds %d bytes, %d were asked for: %w", key, e.size, size, storage.ErrBatch)
+	}
+	if b := s.bufferOfLocked(e); b != nil {
+		// Not written yet: the buffer's bytes are the record, and they stay
+		// while this read holds the buffer.
+		b.readers++
+		s.mu.Unlock()
+		at := e.off - b.start + int64(e.hdrLen)
+		src := b.mem[at : at+e.size]
+		for _, r := range runs {
+			src = src[copy(r, src):]
+		}
+		s.mu.Lock()
+		if b.readers--; b.readers == 0 {
+			s.cond.Broadcast()
+		}
+		s.mu.Unlock()
+		s.st.reads.Add(1)
+		s.st.bufferReads.Add(1)
+		s.st.readBytes.Add(size)
+		return nil
+	}
+	seg := s.byID[e.seg]
+	seg.refs++
+	s.mu.Unlock()
+	err := s.readRecord(seg, e, key, runs)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.releaseLocked(seg)
+	if err != nil {
+		if cur, ok := s.index[h]; ok && cur == e {
+			s.unindexLocked(h, e)
+			s.st.corrupt.Add(1)
+		}
+		return err
+	}
+	s.st.reads.Add(1)
+	s.st.readBytes.Add(size)
+	return nil
+}
+
+// bufferOfLocked returns the write buffer that holds e's record, or nil when
+// it is in its segment file.
+func (s *Store) bufferOfLocked(e entry) *stageBuf {
+	for _, b := range s.bufs {
+		if b.state != bufFree && b.seg.id == e.seg && e.off >= b.start && e.off < b.start+b.n {
+			return b
+		}
+	}
+	return nil
+}
+
+// readRecord reads e's record from seg: the blocks that hold it, into an
+// aligned window (O_DIRECT), checked and then copied into runs.
+func (s *Store) readRecord(seg *segment, e entry, key string, runs [][]byte) error {
+	if len(runs) == 1 && e.hdrLen == block && e.size >= block && uintptr(unsafe.Pointer(unsafe.SliceData(runs[0])))%block == 0 {
+		return s.readDirect(seg, e, key, runs[0])
+	}
+	lo := roundDown(e.off, block)
+	hi := roundUp(e.off+int64(e.hdrLen)+e.size, block)
+	sc := s.getScratch(hi - lo)
+	defer s.putScratch(sc)
+	win := *sc
+	// The window may run past the end of a segment cut at New.
+	n, err := preadFull(seg.fd, win, lo)
+	if err != nil && err != io.ErrUnexpectedEOF {
+		return ioError("read", seg.path, err)
+	}
+	if int64(n) < e.off+int64(e.hdrLen)+e.size-lo {
+		return corrupt(seg, e, key, "the segment file ends inside the record")
+	}
+	rec := win[e.off-lo:]
+	if err := checkHeader(seg, e, key, rec[:e.hdrLen]); err != nil {
+		return err
+	}
+	data := rec[e.hdrLen : int64(e.hdrLen)+e.size]
+	if xxh3.Hash(data) != dataSum(rec) {
+		return corrupt(seg, e, key, "data checksum mismatch")
+	}
+	for _, r := range runs {
+		data = data[copy(r, data):]
+	}
+	return nil
+}
+
+// readDirect reads a record written straight from the caller's memory into
+// dst, block-aligned memory as the arena's: its whole data blocks move from
+// the device into dst with no copy, its header and last partial block
+// through a scratch buffer.
+func (s *Store) readDirect(seg *segment, e entry, key string, dst []byte) error {
+	whole := roundDown(e.size, block)
+	sc := s.getScratch(2 * block)
+	defer s.putScratch(sc)
+	hdr, tail := (*sc)[:block], (*sc)[block:2*block]
+	iovs := [][]byte{hdr, dst[:whole]}
+	if whole < e.size {
+		iovs = append(iovs, tail)
+	}
+	n, err := preadvFull(seg.fd, iovs, e.off)
+	if err != nil && err != io.ErrUnexpectedEOF {
+		return ioError("read", seg.path, err)
+	}
+	if int64(n) < block+e.size {
+		return corrupt(seg, e, key, "the segment file ends inside the record")
+	}
+	if err := checkHeader(seg, e, key, hdr); err != nil {
+		return err
+	}
+	copy(dst[whole:], tail)
+	if xxh3.Hash(dst) != dataSum(hdr) {
+		return corrupt(seg, e, key, "data checksum mismatch")
+	}
+	return nil
+}
+
+// dataSum is the data checksum of a header that checkHeader accepted.
+func dataSum(hdr []byte) uint64 { return binary.LittleEndian.Uint64(hdr[offDataSum:]) }
+
+// checkHeader checks that hdr is the header of e's record, of key.
+func checkHeader(seg *segment, e entry, key string, hdr []byte) error {
+	h, err := decodeHeader(hdr)
+	switch {
+	case err != nil:
+		return corrupt(seg, e, key, err.Error())
+	case h.kind != kindObject || h.key != key:
+		return corrupt(seg, e, key, fmt.Sprintf("the record there is of key %q", h.key))
+	case h.segment != seg.id || h.hdrLen != int64(e.hdrLen) || h.dataLen != e.size || h.format != e.format:
+		return corrupt(seg, e, key, fmt.Sprintf("the header says segment %d, header %d, data %d, format %#x", h.segment, h.hdrLen, h.dataLen, h.format))
+	}
+	return nil
+}
+
+// preadvFull fills iovs from off and returns how much it read; a file that
+// ends first is io.ErrUnexpectedEOF.
+func preadvFull(fd int, iovs [][]byte, off int64) (int, error) {
+	iovs = append([][]byte(nil), iovs...)
+	done := 0
+	for len(iovs) > 0 {
+		n, err := unix.Preadv(fd, iovs, off+int64(done))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return done, err
+		}
+		if n == 0 {
+			return done, io.ErrUnexpectedEOF
+		}
+		done += n
+		iovs = advance(iovs, n)
+	}
+	return done, nil
+}
+
+// corrupt is the error of a record that failed a check.
+func corrupt(seg *segment, e entry, key, why string) error {
+	return fmt.Errorf("spill: object %s at offset %d of %s: %s; it is dropped: %w", key, e.off, seg.path, why, storage.ErrCorrupt)
+}
+
+// preadFull fills buf from off and returns how much it read; a file that
+// ends first is io.ErrUnexpectedEOF.
+func preadFull(fd int, buf []byte, off int64) (int, error) {
+	done := 0
+	for done < len(buf) {
+		n, err := unix.Pread(fd, buf[done:], off+int64(done))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return done, err
+		}
+		if n == 0 {
+			return done, io.ErrUnexpectedEOF
+		}
+		done += n
+	}
+	return done, nil
+}

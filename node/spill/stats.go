@@ -1,0 +1,107 @@
+package spill
+
+import (
+	"sync/atomic"
+
+	"github.com/stratakv/strata/storage"
+)
+
+// Stats is a snapshot of a spill. The field names that the file store's Stats
+// also has mean the same there.
+type Stats struct {
+	// Bytes is what the segment files take, records being written included;
+	// Files is how many there are, Objects the objects they hold and
+	// LiveBytes those objects' bytes (the rest is removed objects, overwritten
+	// records, headers and padding, reclaimed when their segment goes).
+	Bytes     int64 `json:"bytes"`
+	Files     int64 `json:"files"`
+	Objects   int64 `json:"objects"`
+	LiveBytes int64 `json:"liveBytes"`
+	// CapacityBytes is the configured bound on Bytes, SegmentBytes the size a
+	// segment grows to, BufferedBytes the bytes staged and not yet written.
+	CapacityBytes int64 `json:"capacityBytes"`
+	SegmentBytes  int64 `json:"segmentBytes"`
+	BufferedBytes int64 `json:"bufferedBytes"`
+	// Reads counts objects read and verified (BufferReads of them served from
+	// a write buffer), ReadBytes their bytes; Misses, objects looked for and
+	// not found.
+	Reads       int64 `json:"reads"`
+	ReadBytes   int64 `json:"readBytes"`
+	BufferReads int64 `json:"bufferReads"`
+	Misses      int64 `json:"misses"`
+	// Writes counts objects stored (DirectWrites of them written straight from
+	// the caller's memory), WriteBytes their bytes, Flushes the write buffers
+	// written.
+	Writes       int64 `json:"writes"`
+	WriteBytes   int64 `json:"writeBytes"`
+	DirectWrites int64 `json:"directWrites"`
+	Flushes      int64 `json:"flushes"`
+	// WritesSkipped counts puts of a key the spill held (write-once);
+	// FormatConflicts, those whose key it held in another format.
+	WritesSkipped   int64 `json:"writesSkipped"`
+	FormatConflicts int64 `json:"formatConflicts"`
+	// Removed counts objects removed.
+	Removed int64 `json:"removed"`
+	// CorruptRemoved counts records that failed a check on read and were
+	// dropped.
+	CorruptRemoved int64 `json:"corruptRemoved"`
+	// Evictions counts objects dropped with their segment to stay under the
+	// capacity, SegmentsDropped the segments.
+	Evictions       int64 `json:"evictions"`
+	SegmentsDropped int64 `json:"segmentsDropped"`
+	// NoSpaceRetries counts writes the device refused as full, retried after
+	// dropping the oldest segment.
+	NoSpaceRetries int64 `json:"noSpaceRetries"`
+	// WriteErrors counts writes that failed; LostObjects, objects already
+	// staged that a failed buffer write took with it.
+	WriteErrors int64 `json:"writeErrors"`
+	LostObjects int64 `json:"lostObjects"`
+	// Recovered counts the objects found at start-up; TornTails, segments
+	// whose tail was a bad record then and was cut off.
+	Recovered int64 `json:"recovered"`
+	TornTails int64 `json:"tornTails"`
+	// HintsRead counts the segments New indexed from their hint files
+	// instead of reading them; HintsWritten, the hint files written.
+	HintsRead    int64 `json:"hintsRead"`
+	HintsWritten int64 `json:"hintsWritten"`
+	// DirectIO reports whether O_DIRECT is in use (false after a fallback).
+	DirectIO bool `json:"directIO"`
+	// Faults counts errors of PutObject and GetObject by storage.FaultKind.
+	Faults map[string]int64 `json:"faults"`
+}
+
+type counters struct {
+	reads, readBytes, bufferReads, misses      atomic.Int64
+	writes, writeBytes, directWrites, flushes  atomic.Int64
+	skipped, conflicts, removed, corrupt       atomic.Int64
+	evictions, segmentsDropped, noSpaceRetries atomic.Int64
+	writeErrors, lost, recovered, tornTails    atomic.Int64
+	hintsRead, hintsWritten                    atomic.Int64
+	faults                                     storage.FaultCounts
+}
+
+// Stats returns the spill's state. It is safe to call at any time, also
+// after Close.
+func (s *Store) Stats() Stats {
+	s.mu.Lock()
+	st := Stats{
+		Bytes:         s.used,
+		Files:         int64(len(s.segs)),
+		Objects:       int64(len(s.index)),
+		LiveBytes:     s.liveBytes,
+		CapacityBytes: s.cfg.CapacityBytes,
+		SegmentBytes:  s.segBytes,
+		BufferedBytes: s.unwritten,
+		DirectIO:      s.direct,
+	}
+	s.mu.Unlock()
+	c := &s.st
+	st.Reads, st.ReadBytes, st.BufferReads, st.Misses = c.reads.Load(), c.readBytes.Load(), c.bufferReads.Load(), c.misses.Load()
+	st.Writes, st.WriteBytes, st.DirectWrites, st.Flushes = c.writes.Load(), c.writeBytes.Load(), c.directWrites.Load(), c.flushes.Load()
+	st.WritesSkipped, st.FormatConflicts, st.Removed, st.CorruptRemoved = c.skipped.Load(), c.conflicts.Load(), c.removed.Load(), c.corrupt.Load()
+	st.Evictions, st.SegmentsDropped, st.NoSpaceRetries = c.evictions.Load(), c.segmentsDropped.Load(), c.noSpaceRetries.Load()
+	st.WriteErrors, st.LostObjects, st.Recovered, st.TornTails = c.writeErrors.Load(), c.lost.Load(), c.recovered.Load(), c.tornTails.Load()
+	st.HintsRead, st.HintsWritten = c.hintsRead.Load(), c.hintsWritten.Load()
+	st.Faults = c.faults.All()
+	return st
+}
