@@ -85,11 +85,12 @@ func writeInspect(w io.Writer, st node.Stats) error {
 	fb := func(n int64) string { return hostmem.FormatBytes(n) }
 	fmt.Fprintf(w, "node service %s  socket %s  admin %s  up %s\n\n", st.Version, st.Socket, st.Admin, st.Uptime.Round(time.Second))
 	a := st.Arena
-	fmt.Fprintf(w, "arena   %s of %s used (%.0f%%), %d objects, %d leased, fragmentation %.2f, evicted %d (spilled %d, dropped %d)\n",
-		fb(a.UsedBytes), fb(a.SizeBytes), 100*float64(a.UsedBytes)/float64(max(a.SizeBytes, 1)), a.Objects, a.LeasedObjects, a.Fragmentation, a.Evictions, a.Spilled, a.Dropped)
+	fmt.Fprintf(w, "arena   %s of %s used (%.0f%%), %d objects (%s held, %d slabs, index %s off-heap), %d leased, fragmentation %.2f, evicted %d (spilled %d, dropped %d)\n",
+		fb(a.UsedBytes), fb(a.SizeBytes), 100*float64(a.UsedBytes)/float64(max(a.SizeBytes, 1)), a.Objects, fb(a.HeldBytes), a.Slabs, fb(a.IndexBytes),
+		a.LeasedObjects, a.Fragmentation, a.Evictions, a.Spilled, a.Dropped)
 	if s := st.Spill; s != nil {
-		fmt.Fprintf(w, "spill   %s of %s, %d files, %d corrupt removed, %d failed writes (evicted objects dropped)%s\n",
-			fb(s.Bytes), fb(s.CapacityBytes), s.Files, s.CorruptRemoved, st.Ops.SpillErrors, formatFaults(s.Faults))
+		fmt.Fprintf(w, "spill   %s of %s, %d objects in %d segment files, %d corrupt removed, %d failed writes (evicted objects dropped)%s\n",
+			fb(s.Bytes), fb(s.CapacityBytes), s.Objects, s.Files, s.CorruptRemoved, st.Ops.SpillErrors, formatFaults(s.Faults))
 	} else {
 		fmt.Fprintln(w, "spill   none (evicted objects are dropped)")
 	}
