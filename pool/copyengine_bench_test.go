@@ -169,7 +169,11 @@ func benchCopy(b *testing.B, dir Direction, pages int, configs []CopyConfig) {
 	}
 }
 
-// parallelCopy is the physical limit: one contiguous copy split across workers.
+// parallelCopy is the physical limit: one contiguous copy split across workers. It is
+// the best plain copy of the same bytes: the runtime's memmove copies a move of 1 MiB
+// and more on an amd64 CPU with AVX with 32-byte streaming stores and software
+// prefetching (REP MOVSQ on Intel CPUs with ERMS and FSRM), the technique the copy
+// engine's kernels use.
 func parallelCopy(dst, src []byte, workers int) {
 	var wg sync.WaitGroup
 	n := len(src)

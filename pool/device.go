@@ -213,35 +213,65 @@ func (d *MemDevicePool) copyLayers(first, count int, host *HostPool, moves []Pag
 	dev, hb := d.Bytes(), host.Bytes()
 	dl, hl := d.layout, host.layout
 	if load {
-		copyPageLayers(dev, dl, hb, hl, first, count, moves, true)
+		copyPageLayers(dev, dl, hb, hl, first, count, moves, true, !raceEnabled)
 	} else {
-		copyPageLayers(hb, hl, dev, dl, first, count, moves, false)
+		copyPageLayers(hb, hl, dev, dl, first, count, moves, false, !raceEnabled)
 	}
 	return nil
 }
 
-// copyPageLayers copies layers first..first+count-1 of buffer pages between two
-// pools: from src page m.Host to dst page m.Device when toDevice, else from src
-// page m.Device to dst page m.Host.
-//
-// When exactly one side is page_first, it goes token by token: the page_first side
-// is read (or written) front to back, count layer entries of one token at a time as
-// one contiguous run, and the other side is count sequential streams, one per layer.
-// Every access is then sequential, which is what both hardware prefetchers and
-// write-combining streaming stores need on any CPU. Otherwise both sides hold each
-// layer of a page contiguously, and it copies layer by layer.
-// prefetchAhead is how far ahead of the copy copyPageLayers names its reads: a
-// few memory latencies' worth of copying for one core (100 ns at 10-20 GB/s is
-// 1-2 KiB), with room for a busy memory system.
+// prefetchAhead is how far ahead of the copy copyPageLayers names its reads of short
+// runs at a row's stride: a few memory latencies' worth of copying for one core
+// (100 ns at 10-20 GB/s is 1-2 KiB), with room for a busy memory system.
 const prefetchAhead = 8 << 10
 
-// maxPrefetchRun is the longest run of one token's layers read from a page_first
-// page that copyPageLayers prefetches for: a read microbenchmark on Zen 3 (2 KiB and
-// 16 KiB runs at a 64 KiB stride) went from 3.4 to 5.0 GB/s per core with the next
-// run prefetched, and whole rows need no help.
+// maxPrefetchRun is the shortest run of one token's layers, read from a page_first
+// page, that copyPageLayers copies as part of one sequential stream instead of
+// prefetching the next run by name.
 const maxPrefetchRun = 32 << 10
 
-func copyPageLayers(dst []byte, dl kvlayout.Layout, src []byte, sl kvlayout.Layout, first, count int, moves []PageMove, toDevice bool) {
+// seqPrefetch is how far ahead of its loads copyRuns prefetches a source it reads
+// as one stream: a few hundred bytes, as the runtime's large memmove does (448 and
+// 640).
+const seqPrefetch int64 = 512
+
+// copyPageLayers copies layers first..first+count-1 of buffer pages between two
+// pools: from src page m.Host to dst page m.Device when toDevice, else from src
+// page m.Device to dst page m.Host. stream selects the streaming-store kernels;
+// race-detector builds pass false, because the detector does not see the stores
+// of assembly code, and get plain copies.
+//
+// When both sides or neither are page_first, both hold each layer of a page
+// contiguously, and it copies layer by layer. When exactly one side is page_first,
+// every access is kept sequential, which is what hardware prefetchers and
+// write-combining streaming stores need on any CPU:
+//   - count > 1: token by token, the page_first side is read (or written) front to
+//     back, the token's count layer entries as one contiguous run, and the other
+//     side is count sequential streams, one per layer. Reading a layer_first side,
+//     the count read streams are what a CPU's stream prefetchers follow at once,
+//     so backups use small groups (CopyConfig.LayersPerJob; on a 2-core AMD EPYC
+//     4 layers 0.90x of memcpy, 8 0.77x, 32 0.50x). Writing a layer_first side,
+//     each stream gets whole runs (2 KiB for Llama-3) of streaming stores, full
+//     cache lines that need no read-for-ownership and leave no write-combining
+//     buffer half full, so the number of streams does not matter.
+//   - A long run (maxPrefetchRun and more, such as the 31 layers after a load's
+//     lead layer) is read as one stream that also covers the few layers of the row
+//     that another job copies (at most a quarter of the run): those are loaded and
+//     dropped (touch). Skipping 2 KiB of every 64 KiB row breaks the stream, and a
+//     CPU's prefetchers then start over at every row (on a 2-core AMD EPYC the
+//     31-layer tail ran at 0.65-0.78x of memcpy skipping layer 0, 0.90-0.96x
+//     reading it, for 1/32 more reads).
+//   - count == 1, or a short run: a page_first source jumps a whole row (64 KiB)
+//     per token, which no hardware prefetcher follows, so the copy prefetches the
+//     same layer a few tokens ahead by name (prefetchAhead). One layer of a page
+//     is one call for all its tokens: a call from Go per 2 KiB run costs about as
+//     much as the copy (a lead layer went from 0.30x to 0.47x of memcpy's speed
+//     per byte with one call per page).
+//
+// copyRuns does the copying: 32-byte loads, streaming stores and source
+// prefetching (the loop of the runtime's memmove for large moves), many runs per
+// call.
+func copyPageLayers(dst []byte, dl kvlayout.Layout, src []byte, sl kvlayout.Layout, first, count int, moves []PageMove, toDevice, stream bool) {
 	g := dl.Geometry
 	entry := int64(g.TokenLayerBytes())
 	ps := dl.PageSize
@@ -262,46 +292,62 @@ func copyPageLayers(dst []byte, dl kvlayout.Layout, src []byte, sl kvlayout.Layo
 		}
 		return
 	}
-	// When the source is page_first and a token's run is short (a few layers), each
-	// copy prefetches the source entry of the same layer ahead tokens later (the next
-	// page's tokens at the end of a page): at least prefetchAhead bytes of this job's
-	// reads ahead, so that the jump to the next token's run does not wait a memory
-	// latency for a hardware prefetcher to notice it. Long runs and layer_first
-	// sources are sequential enough for hardware prefetchers, and naming them again
-	// only costs issue slots (measured: 0.65x of memcpy with, 0.71x without).
-	prefetch := sl.Kind == kvlayout.PageFirst && int64(count)*entry < maxPrefetchRun
-	ahead := max(1, (prefetchAhead+count*int(entry)-1)/(count*int(entry)))
-	for mi, m := range moves {
+	run := int64(count) * entry
+	srcRows := sl.Kind == kvlayout.PageFirst
+	// Long runs of a page_first source: the layers of the row outside the run that
+	// are read anyway to keep the stream whole.
+	long := srcRows && run >= maxPrefetchRun
+	lead := long && int64(first)*entry*4 <= run
+	trail := long && int64(g.Layers-first-count)*entry*4 <= run
+	// Short runs of a page_first source are prefetched by name: each copy
+	// prefetches the source of the same layer ahead tokens later, at least
+	// prefetchAhead bytes of this job's reads ahead, so that the jump to the next
+	// token's run does not wait a memory latency for a hardware prefetcher to
+	// notice it. Other sources are read as streams (one per layer).
+	ahead := int64(max(1, (prefetchAhead+count*int(entry)-1)/(count*int(entry))))
+	for _, m := range moves {
 		dp, sp := pages(m)
 		for buf := 0; buf < g.Buffers(); buf++ {
-			for tok := 0; tok < ps; tok++ {
-				ds := dl.Offset(buf, first, dp*ps+tok)
-				ss := sl.Offset(buf, first, sp*ps+tok)
-				// Offset of layer first+i is base + i*step on either side: the
-				// page_first side steps by one entry, the other by a whole layer.
-				dstep := dl.Offset(buf, first+1, dp*ps+tok) - ds
-				sstep := sl.Offset(buf, first+1, sp*ps+tok) - ss
-				if count == 1 {
-					dstep, sstep = 0, 0
+			d0, s0 := dl.Offset(buf, first, dp*ps), sl.Offset(buf, first, sp*ps)
+			// Offset of layer first+i, token t is base + i*lstep + t*tstep on either
+			// side: the page_first side steps by one entry per layer and a row per
+			// token, the other by a whole layer and one entry.
+			dlstep, slstep := dl.Offset(buf, first+1, dp*ps)-d0, sl.Offset(buf, first+1, sp*ps)-s0
+			dtstep, ststep := dl.Offset(buf, first, dp*ps+1)-d0, sl.Offset(buf, first, sp*ps+1)-s0
+			if !stream {
+				for tok := int64(0); tok < int64(ps); tok++ {
+					for i := int64(0); i < int64(count); i++ {
+						d, s := d0+i*dlstep+tok*dtstep, s0+i*slstep+tok*ststep
+						copy(dst[d:d+entry], src[s:s+entry])
+					}
 				}
-				pf, pfn := int64(0), int64(0)
-				switch t := tok + ahead; {
-				case !prefetch:
-				case t < ps:
-					pf, pfn = sl.Offset(buf, first, sp*ps+t), entry
-				case mi+1 < len(moves):
-					_, nsp := pages(moves[mi+1])
-					pf, pfn = sl.Offset(buf, first, nsp*ps+min(t-ps, ps-1)), entry
+				continue
+			}
+			pf := seqPrefetch
+			if srcRows && !long {
+				pf = ahead * ststep
+			}
+			if count == 1 {
+				// One layer of a page: one call for all its tokens.
+				copyRuns(dst, d0, dtstep, src, s0, ststep, entry, ps, pf)
+				continue
+			}
+			for tok := int64(0); tok < int64(ps); tok++ {
+				ds, ss := d0+tok*dtstep, s0+tok*ststep
+				if lead {
+					row := ss - int64(first)*entry
+					touch(src[row:ss])
 				}
-				for i := 0; i < count; i++ {
-					d, s := ds+int64(i)*dstep, ss+int64(i)*sstep
-					p := pf + int64(i)*sstep
-					copyRunPrefetch(dst[d:d+entry], src[s:s+entry], src[p:p+pfn])
+				copyRuns(dst, ds, dlstep, src, ss, slstep, entry, count, pf)
+				if trail {
+					touch(src[ss+run : ss-int64(first)*entry+int64(g.Layers)*entry])
 				}
 			}
 		}
 	}
-	finishRuns()
+	if stream {
+		finishRuns()
+	}
 }
 
 func checkMoves(moves []PageMove, devicePages, hostPages int) error {

@@ -1,6 +1,10 @@
 package pool
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
 
 //go:noescape
 func copyNonTemporal(dst, src *byte, n uintptr)
@@ -73,5 +77,53 @@ func copyStreaming(dst, src []byte) {
 func finishRuns() {
 	if !raceEnabled {
 		storeFence()
+	}
+}
+
+//go:noescape
+func copyRunsAVX(dst *byte, dstep uintptr, src *byte, sstep uintptr, run uintptr, count uintptr, pf uintptr)
+
+//go:noescape
+func touchLines(p *byte, n uintptr)
+
+// copyRuns copies count runs of run bytes, the i-th from src[soff+i*sstep:] to
+// dst[doff+i*dstep:], with streaming stores, prefetching the source pf bytes ahead
+// of every load (copyRunsAVX), where the CPU has AVX (every x86-64 server CPU since
+// 2011), run is a multiple of 128 and every destination run is 32-byte aligned;
+// else run by run with copyRunPrefetch. One call copies many runs, because a call
+// from Go per 2 KiB run costs about as much as the copy. The caller must call
+// finishRuns before publishing the bytes; race-detector builds should copy with
+// copy() instead, because the detector does not see assembly stores.
+func copyRuns(dst []byte, doff, dstep int64, src []byte, soff, sstep, run int64, count int, pf int64) {
+	if count <= 0 || run <= 0 {
+		return
+	}
+	last := int64(count - 1)
+	if doff < 0 || soff < 0 || dstep < 0 || sstep < 0 ||
+		doff+last*dstep+run > int64(len(dst)) || soff+last*sstep+run > int64(len(src)) {
+		panic("pool: copyRuns out of range") // a bug in the caller, never outside input
+	}
+	d := unsafe.Pointer(unsafe.SliceData(dst))
+	if cpu.X86.HasAVX && run%128 == 0 && dstep%32 == 0 && (uintptr(d)+uintptr(doff))%32 == 0 {
+		copyRunsAVX((*byte)(unsafe.Add(d, doff)), uintptr(dstep),
+			(*byte)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(src)), soff)), uintptr(sstep), uintptr(run), uintptr(count), uintptr(pf))
+		return
+	}
+	for i := int64(0); i <= last; i++ {
+		dd, ss := doff+i*dstep, soff+i*sstep
+		// Prefetch by name only what lies beyond this run (a strided source): a
+		// sequential one is what hardware prefetchers follow by themselves.
+		var next []byte
+		if p := ss + pf; pf >= run && p+run <= int64(len(src)) {
+			next = src[p : p+run]
+		}
+		copyRunPrefetch(dst[dd:dd+run], src[ss:ss+run], next)
+	}
+}
+
+// touch reads one word of every cache line of b and discards it: see touchLines.
+func touch(b []byte) {
+	if len(b) > 0 {
+		touchLines(unsafe.SliceData(b), uintptr(len(b)))
 	}
 }

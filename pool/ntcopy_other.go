@@ -12,3 +12,25 @@ func copyRunPrefetch(dst, src, next []byte) { copy(dst, src) }
 func copyStreaming(dst, src []byte) { copy(dst, src) }
 
 func finishRuns() {}
+
+// copyRuns copies count runs of run bytes, the i-th from src[soff+i*sstep:] to
+// dst[doff+i*dstep:].
+func copyRuns(dst []byte, doff, dstep int64, src []byte, soff, sstep, run int64, count int, pf int64) {
+	for i := int64(0); i < int64(count); i++ {
+		d, s := doff+i*dstep, soff+i*sstep
+		copy(dst[d:d+run], src[s:s+run])
+	}
+}
+
+// touch reads one byte of every 64-byte cache line of b, so that a copy that skips
+// part of a sequential source still reads it as one stream (see copyPageLayers).
+// It is not inlined, so that the compiler keeps the loads whose result it drops.
+//
+//go:noinline
+func touch(b []byte) byte {
+	var x byte
+	for i := 0; i < len(b); i += 64 {
+		x ^= b[i]
+	}
+	return x
+}
