@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -121,7 +122,11 @@ func (s *segment) release() {
 type resolved struct {
 	runs []([]byte)
 	size int64
+	// segs are the segments of runs, in order (to find the one a fault hit).
 	segs []*segment
+	// refs are the references done gives back: segs for an item resolved on
+	// its own, none for one of a batch (the batch holds them, see batchRanges).
+	refs []*segment
 }
 
 // resolve maps an item's ranges onto the client's segments, taking a reference on
@@ -144,7 +149,94 @@ func (c *session) resolve(it wire.Item) (resolved, error) {
 		r.runs = append(r.runs, seg.mem[rg.Offset:rg.Offset+rg.Length:rg.Offset+rg.Length])
 		r.size += int64(rg.Length)
 	}
+	r.refs = r.segs
 	return r, nil
+}
+
+// batchRanges is every item of a Put or Get resolved onto the client's
+// segments at once: one lock, a few allocations and one reference per segment
+// for the whole batch, instead of a lock, two allocations and a reference per
+// range of each item, which cost more than copying an object of a few KiB.
+type batchRanges struct {
+	runs []([]byte)
+	segs []*segment // segs[j] holds runs[j]
+	// items[i] places item i's runs in runs; its size is -1 when a range lies
+	// outside the client's segments.
+	items []batchItem
+	held  []*segment // each segment used, referenced once until done
+	bytes int64      // of the items that resolved
+}
+
+type batchItem struct {
+	first, end int32
+	size       int64
+}
+
+// resolveBatch resolves every item's ranges (see resolve). An item with a range
+// outside the client's segments is marked, not refused here: item tells.
+func (c *session) resolveBatch(items []wire.Item) *batchRanges {
+	total := 0
+	for i := range items {
+		total += len(items[i].Ranges)
+	}
+	b := &batchRanges{runs: make([][]byte, 0, total), segs: make([]*segment, 0, total), items: make([]batchItem, len(items))}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var last *segment
+	for i := range items {
+		first := len(b.runs)
+		size := int64(0)
+		for _, rg := range items[i].Ranges {
+			seg := last
+			if seg == nil || seg.id != rg.Segment {
+				seg = c.segments[rg.Segment]
+			}
+			if seg == nil || rg.Offset > uint64(len(seg.mem)) || rg.Length > uint64(len(seg.mem))-rg.Offset {
+				size = -1
+				break
+			}
+			if seg != last && !slices.Contains(b.held, seg) {
+				seg.refs.Add(1)
+				b.held = append(b.held, seg)
+			}
+			last = seg
+			b.runs = append(b.runs, seg.mem[rg.Offset:rg.Offset+rg.Length:rg.Offset+rg.Length])
+			b.segs = append(b.segs, seg)
+			size += int64(rg.Length)
+		}
+		if size < 0 {
+			b.runs, b.segs = b.runs[:first], b.segs[:first]
+		} else {
+			b.bytes += size
+		}
+		b.items[i] = batchItem{first: int32(first), end: int32(len(b.runs)), size: size}
+	}
+	return b
+}
+
+// item returns item i's ranges, or false when one lies outside the client's
+// segments, or in a segment that faulted (and was dropped) since the batch was
+// resolved: such an item fails as it would have had it been resolved on its own.
+func (b *batchRanges) item(i int) (resolved, bool) {
+	it := b.items[i]
+	if it.size < 0 {
+		return resolved{}, false
+	}
+	segs := b.segs[it.first:it.end:it.end]
+	for _, s := range segs {
+		if s.faulted.Load() {
+			return resolved{}, false
+		}
+	}
+	return resolved{runs: b.runs[it.first:it.end:it.end], size: it.size, segs: segs}, true
+}
+
+// done gives back the batch's references to its segments.
+func (b *batchRanges) done() {
+	for _, s := range b.held {
+		s.refs.Done()
+	}
+	b.held = nil
 }
 
 // badRange explains a refused range.
@@ -170,7 +262,7 @@ func (c *session) badRange(it wire.Item) string {
 }
 
 func (r resolved) done() {
-	for _, s := range r.segs {
+	for _, s := range r.refs {
 		s.refs.Done()
 	}
 }

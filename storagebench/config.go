@@ -80,6 +80,20 @@ var shapes = []Shape{
 		About: "toy page for smoke tests, 2 layers, 2 KV heads x 64, bf16"},
 }
 
+// shape is the page the run moves.
+func (c Config) shape() Shape {
+	if c.ObjectBytes != 0 {
+		s, _ := ObjectShape(c.ObjectBytes)
+		return s
+	}
+	name := c.Shape
+	if name == "" {
+		name = DefaultShape(c.Backend)
+	}
+	s, _ := ShapeByName(name)
+	return s
+}
+
 // DefaultShape is the page shape a run of backend uses when Config.Shape is "":
 // llama-3-8b-p32 (4 MiB pages) for the node service, llama-3-8b (8 MiB pages)
 // otherwise.
@@ -112,6 +126,33 @@ func ShapeByName(name string) (Shape, error) {
 	return Shape{}, fmt.Errorf("page shape %q: want one of %s: %w", name, strings.Join(ShapeNames(), ", "), ErrConfig)
 }
 
+// Object sizes a run of small objects may ask for (Config.ObjectBytes): a
+// multiple of objectTokens up to a head of the largest dimension a geometry
+// allows.
+const (
+	objectTokens   = 16
+	MinObjectBytes = objectTokens
+	MaxObjectBytes = objectTokens << 16
+)
+
+// ObjectShape is a page of two objects (K and V) of n bytes each: one layer,
+// one KV head of n/16 one-byte elements, 16-token pages. It is the shape of a
+// run about per-object costs (small values, as a cache of small items would
+// hold) rather than bandwidth; n must be a multiple of 16 from MinObjectBytes
+// to MaxObjectBytes.
+func ObjectShape(n int64) (Shape, error) {
+	if n < MinObjectBytes || n > MaxObjectBytes || n%objectTokens != 0 {
+		return Shape{}, fmt.Errorf("object size of %d bytes: want a multiple of %d from %d to %d: %w",
+			n, objectTokens, MinObjectBytes, MaxObjectBytes, ErrConfig)
+	}
+	return Shape{
+		Name:     fmt.Sprintf("objects-%d", n),
+		Geometry: kvlayout.Geometry{Layers: 1, KVHeads: 1, HeadDim: int(n / objectTokens), DTypeBytes: 1},
+		PageSize: objectTokens,
+		About:    fmt.Sprintf("two %d-byte objects a page, for per-object costs", n),
+	}, nil
+}
+
 // Config describes one benchmark run. The zero value is not valid; start from
 // DefaultConfig.
 type Config struct {
@@ -130,6 +171,9 @@ type Config struct {
 	Keep bool `json:"keep"`
 	// Shape is the page moved: one of ShapeNames(); "" means DefaultShape(Backend).
 	Shape string `json:"shape"`
+	// ObjectBytes, when positive, replaces Shape with ObjectShape(ObjectBytes):
+	// pages of two objects of that many bytes, to measure per-object costs.
+	ObjectBytes int64 `json:"objectBytes,omitempty"`
 	// PagesPerBatch is the pages of one Put or Get call, at most storage.MaxBatch.
 	PagesPerBatch int `json:"pagesPerBatch"`
 	// Batches is the number of Put (then Get) calls. Each batch has distinct keys,
@@ -194,6 +238,14 @@ func (c Config) Validate() error {
 	}
 	if c.Shape != "" {
 		if _, err := ShapeByName(c.Shape); err != nil {
+			return err
+		}
+	}
+	if c.ObjectBytes != 0 {
+		if c.Shape != "" {
+			return fmt.Errorf("an object size and page shape %q: give one: %w", c.Shape, ErrConfig)
+		}
+		if _, err := ObjectShape(c.ObjectBytes); err != nil {
 			return err
 		}
 	}

@@ -38,8 +38,13 @@ type memChunk struct{ off, n int64 }
 
 var _ Peer = (*MemcpyPeer)(nil)
 
-// memcpyAlign places chunks as the arena does (4 KiB aligned).
-const memcpyAlign = 4096
+// memcpyAlign places chunks as the arena does (4 KiB aligned); chunks smaller
+// than that are packed at cache-line boundaries instead, so that a run of small
+// objects does not need a region of 4 KiB per object.
+const (
+	memcpyAlign      = 4096
+	memcpySmallAlign = 64
+)
 
 func (p *MemcpyPeer) workers() int { return max(p.Workers, 1) }
 
@@ -82,11 +87,16 @@ func (p *MemcpyPeer) Write(ctx context.Context, src [][]byte) (time.Duration, er
 	used := p.used
 	for i, b := range src {
 		n := int64(len(b))
-		if used+n > p.region.Size() {
+		align := int64(memcpyAlign)
+		if n < memcpyAlign {
+			align = memcpySmallAlign
+		}
+		off := (used + align - 1) / align * align
+		if off+n > p.region.Size() {
 			return 0, fmt.Errorf("memcpy peer: %d bytes more do not fit in its %d-byte region: %w", n, p.region.Size(), ErrConfig)
 		}
-		chunks[i] = memChunk{off: used, n: n}
-		used += (n + memcpyAlign - 1) / memcpyAlign * memcpyAlign
+		chunks[i] = memChunk{off: off, n: n}
+		used = off + n
 	}
 	p.chunks, p.used = append(p.chunks, chunks...), used
 	mem := p.region.Bytes()

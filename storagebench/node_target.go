@@ -25,6 +25,10 @@ const nodeObjectSets = 3
 // of the main engine's host pool and of the second engine's.
 const nodeWarmBatches = 2
 
+// arenaGrain is the unit the node service's arena allocates in (its
+// alignment), which bounds from below what a small object takes there.
+const arenaGrain = 4096
+
 // NodeTarget measures storage/nodeclient against the node service: one started
 // in the process (its socket in a fresh temporary directory, its arena sized to
 // hold every object of the run plus 10 %, no spill) unless s.Socket names a
@@ -41,7 +45,13 @@ func NodeTarget(s Scratch) (t Target, err error) {
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	stored := nodeObjectSets*s.Bytes + nodeWarmBatches*s.BatchBytes
-	arenaBytes := roundUpTo(stored+stored/10, 1<<20)
+	// The arena gives each object a whole number of its 4 KiB grains: objects
+	// smaller than that take a grain each.
+	footprint := stored
+	if s.ObjectBytes > 0 {
+		footprint = stored / s.ObjectBytes * roundUpTo(s.ObjectBytes, arenaGrain)
+	}
+	arenaBytes := roundUpTo(footprint+footprint/10, 1<<20)
 	workers := node.DefaultConfig("").CopyWorkers
 	t = Target{Name: BackendNode, Warm: true}
 	var closers cleanups

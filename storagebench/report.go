@@ -76,6 +76,9 @@ type Report struct {
 	// PutVsRedisBatches and GetVsRedisBatches are those ratios batch by batch.
 	PutVsRedisBatches *RatioSpread `json:"put_vs_redis_batches,omitempty"`
 	GetVsRedisBatches *RatioSpread `json:"get_vs_redis_batches,omitempty"`
+	// RedisBenchmark is Redis's C client on the same server, for node runs of
+	// objects up to 64 KiB when redis-benchmark is installed.
+	RedisBenchmark *RedisBenchmarkRef `json:"redis_benchmark,omitempty"`
 	// TwoEngines is the phase with two engines at once, for backends a node's
 	// engines share.
 	TwoEngines *TwoEngines `json:"two_engines,omitempty"`
@@ -183,6 +186,10 @@ func (r *Report) WriteTable(w io.Writer) error {
 		writeRows(&buf, table.Bytes(), "two engines", "put", "get")
 		buf.WriteByte('\n')
 	}
+	if rb := r.RedisBenchmark; rb != nil {
+		fmt.Fprintf(&buf, "redis-benchmark (C client, %d rounds alternated with %s gets): GET %s/s, %s %s objects/s: %s\n  %s\n",
+			rb.Ratio.Batches, r.Backend, formatCount(rb.GetPerSec), r.Backend, formatCount(rb.BackendGetPerSec), formatRatioSpread(rb.Ratio), rb.Command)
+	}
 	if r.ExistsCalls > 0 {
 		fmt.Fprintf(&buf, "exists of %d keys: p50 %s us, p99 %s us (%d calls)\n",
 			r.ExistsKeys, formatMicros(r.ExistsP50us), formatMicros(r.ExistsP99us), r.ExistsCalls)
@@ -252,6 +259,17 @@ func formatRatio(v float64) string {
 		return "-"
 	}
 	return strconv.FormatFloat(v, 'f', 2, 64) + "x"
+}
+
+// formatCount renders a rate such as 812k or 1.25M.
+func formatCount(v float64) string {
+	switch {
+	case v >= 1e6:
+		return strconv.FormatFloat(v/1e6, 'f', 2, 64) + "M"
+	case v >= 1e3:
+		return strconv.FormatFloat(v/1e3, 'f', 0, 64) + "k"
+	}
+	return strconv.FormatFloat(v, 'f', 0, 64)
 }
 
 func formatMicros(v float64) string { return strconv.FormatFloat(v, 'f', 0, 64) }

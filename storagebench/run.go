@@ -33,11 +33,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	started := time.Now()
-	shapeName := cfg.Shape
-	if shapeName == "" {
-		shapeName = DefaultShape(cfg.Backend)
-	}
-	shape, _ := ShapeByName(shapeName)
+	shape := cfg.shape()
 	newTarget := cfg.NewTarget
 	name := "custom"
 	if newTarget == nil {
@@ -130,7 +126,7 @@ func (r *run) available() func() (int64, error) {
 
 func (r *run) run(ctx context.Context, newTarget TargetFunc) error {
 	var err error
-	r.target, err = newTarget(Scratch{Dir: r.scratch, Bytes: r.rep.Bytes, BatchBytes: r.batchBytes(), Socket: r.cfg.Socket,
+	r.target, err = newTarget(Scratch{Dir: r.scratch, Bytes: r.rep.Bytes, BatchBytes: r.batchBytes(), ObjectBytes: r.shape.PartBytes(), Socket: r.cfg.Socket,
 		NoRedis: r.cfg.NoRedis, Redis: r.cfg.Redis, RedisCluster: r.cfg.RedisCluster, Keep: r.cfg.Keep,
 		Available: r.available(), Progress: r.progress})
 	if err != nil {
@@ -172,6 +168,9 @@ func (r *run) run(ctx context.Context, newTarget TargetFunc) error {
 		return err
 	}
 	if err := r.existsPhase(ctx); err != nil {
+		return err
+	}
+	if err := r.redisBenchmarkPhase(ctx); err != nil {
 		return err
 	}
 	r.describePeers()

@@ -103,6 +103,9 @@ type Scratch struct {
 	Bytes int64
 	// BatchBytes is one batch's object bytes.
 	BatchBytes int64
+	// ObjectBytes is the size of one object (one part of a page): a store that
+	// rounds each object up to a grain sizes itself by the count of objects too.
+	ObjectBytes int64
 	// Socket is Config.Socket: a running node service, or "" to start one.
 	Socket string
 	// NoRedis is Config.NoRedis: do not measure a Redis server beside the backend.

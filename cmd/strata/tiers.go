@@ -31,6 +31,8 @@ func runTiers(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	perBatch := fs.Int("pages-per-batch", def.PagesPerBatch, "pages per put and get call")
 	geometry := fs.String("geometry", "", "page shape: "+strings.Join(storagebench.ShapeNames(), ", ")+
 		" (default "+storagebench.DefaultShape(storagebench.BackendFile)+" for file, "+storagebench.DefaultShape(storagebench.BackendNode)+" for node)")
+	objectBytes := fs.Int64("object-bytes", 0, fmt.Sprintf("measure small objects instead of pages: pages of two objects of this many bytes (a multiple of %d, %d to %d), "+
+		"e.g. 1024 with --batches 200 for per-object costs against Redis", storagebench.MinObjectBytes, storagebench.MinObjectBytes, storagebench.MaxObjectBytes))
 	small := fs.Bool("small", false, "quick smoke run: the small page shape (same as --geometry "+storagebench.ShapeSmall+")")
 	exists := fs.Int("exists-calls", def.ExistsCalls, "exists calls timed for the lookup latency")
 	seed := fs.Uint64("seed", def.Seed, "seed of the tokens and page contents")
@@ -41,13 +43,16 @@ func runTiers(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg := def
 	cfg.Backend, cfg.Dir, cfg.Keep = *backend, *dir, *keep
 	cfg.Batches, cfg.PagesPerBatch, cfg.ExistsCalls, cfg.Seed = *batches, *perBatch, *exists, *seed
-	cfg.Shape = *geometry
+	cfg.Shape, cfg.ObjectBytes = *geometry, *objectBytes
 	cfg.Socket, cfg.NoRedis = *socket, *noRedis
 	cfg.Redis, cfg.RedisCluster = splitList(*redisAddrs), *redisCluster
 	if cfg.Socket != "" && cfg.Backend != storagebench.BackendNode {
 		return usagef("--socket is for --backend %s", storagebench.BackendNode)
 	}
 	if *small {
+		if flagSet(fs, "object-bytes") {
+			return usagef("--small and --object-bytes disagree; give one")
+		}
 		if flagSet(fs, "geometry") && *geometry != storagebench.ShapeSmall {
 			return usagef("--small and --geometry %s disagree; give one", *geometry)
 		}
@@ -114,6 +119,7 @@ func tiersFlagError(err error) error {
 	for _, f := range []struct{ frag, flag string }{
 		{"redis settings", "--redis"},
 		{"local redis cluster", "--redis and --redis-cluster"},
+		{"object size", "--object-bytes"},
 		{"backend", "--backend"},
 		{"page shape", "--geometry"},
 		{"pages per batch", "--pages-per-batch"},

@@ -105,8 +105,11 @@ var (
 // poolReg is a registered pool: its spec, a duplicate of its memfd for
 // re-registration, and its registration on a connection.
 type poolReg struct {
-	spec   storage.PoolSpec
-	names  pagekey.Names
+	spec  storage.PoolSpec
+	names pagekey.Names
+	// tails are the parts' name suffixes when the parts' names differ in those
+	// only (partTails), else nil.
+	tails  [][]byte
 	format uint64
 	size   uint64 // the memfd's size, read once: the region may be closed while the dup lives
 	fd     int

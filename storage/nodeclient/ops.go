@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -38,7 +40,7 @@ func (b *Backend) RegisterPool(ctx context.Context, spec storage.PoolSpec) error
 	}
 	names := spec.Names
 	names.MLA = spec.Layout.Geometry.MLA
-	p := &poolReg{spec: spec, names: names, format: uint64(storage.FormatOf(spec.Layout)), fd: dup, size: uint64(spec.Region.Size())}
+	p := &poolReg{spec: spec, names: names, tails: partTails(names, spec.Name), format: uint64(storage.FormatOf(spec.Layout)), fd: dup, size: uint64(spec.Region.Size())}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -212,12 +214,34 @@ func (b *Backend) batch(ctx context.Context, t wire.Type, poolName string, keys 
 // batchRequest builds a Get or Put of the keys' objects from and into pages of
 // p, whose segment is seg on the connection the request will go on, and says
 // how many items (object parts) it names.
+//
+// A batch of small objects spends more time naming and describing them than
+// the service takes to copy them, so the request is built with a handful of
+// allocations whatever its size: every name is appended to one buffer that the
+// keys are strings over (unsafe.String: the buffer is never written again),
+// and the items' ranges share one array (sized for the one range of a page_first
+// pool's part; an item with more grows its own). The request is encoded and
+// dropped; nothing keeps a key, so the buffer does not outlive the call.
 func batchRequest(t wire.Type, p *poolReg, seg uint32, keys []pagekey.Key, pages []pool.PageID) (wire.Message, int) {
-	items := make([]wire.Item, 0, len(keys)*p.names.Parts())
+	parts := p.names.Parts()
+	n := len(keys) * parts
+	items := make([]wire.Item, 0, n)
+	ranges := make([]wire.Range, 0, n)
+	buf := make([]byte, 0, n*(96+len(p.names.ModelPrefix)+len(p.spec.Name)))
+	keyAt := make([][2]int32, 0, n) // each key's start and end in buf
 	for i, k := range keys {
-		names := storage.ObjectNames(p.spec, k)
-		for part, span := range storage.Parts(p.spec, pages[i]) {
-			ranges := make([]wire.Range, 0, span.Count)
+		for part := range parts {
+			start := len(buf)
+			if part > 0 && p.tails != nil {
+				// Part 0's name with this part's suffix: the key is hexed once a page.
+				k0 := keyAt[len(keyAt)-part]
+				buf = append(buf, buf[k0[0]:int(k0[1])-len(p.tails[0])]...)
+				buf = append(buf, p.tails[part]...)
+			} else {
+				buf = p.names.AppendObject(buf, k, p.spec.Name, part)
+			}
+			span := p.spec.Layout.PageBufferSpan(part, int(pages[i]))
+			first := len(ranges)
 			if span.Contiguous() {
 				ranges = append(ranges, wire.Range{Segment: seg, Offset: uint64(span.Offset), Length: uint64(span.Bytes())})
 			} else {
@@ -225,13 +249,73 @@ func batchRequest(t wire.Type, p *poolReg, seg uint32, keys []pagekey.Key, pages
 					ranges = append(ranges, wire.Range{Segment: seg, Offset: uint64(span.Offset + int64(r)*span.Stride), Length: uint64(span.RunBytes)})
 				}
 			}
-			items = append(items, wire.Item{Key: names[part], Format: p.format, Ranges: ranges})
+			// Offsets for now: buf may still move as it grows.
+			items = append(items, wire.Item{Format: p.format, Ranges: ranges[first:len(ranges):len(ranges)]})
+			keyAt = append(keyAt, [2]int32{int32(start), int32(len(buf))})
+		}
+	}
+	if len(buf) > 0 {
+		all := unsafe.String(unsafe.SliceData(buf), len(buf))
+		for i, at := range keyAt {
+			items[i].Key = all[at[0]:at[1]]
 		}
 	}
 	if t == wire.TypePut {
 		return wire.Put{Items: items}, len(items)
 	}
 	return wire.Get{Items: items}, len(items)
+}
+
+// partTails returns each part's name suffix when the names of a page's parts
+// differ only in a suffix that does not depend on the key, as SGLang's spelling
+// has them ({key}_{rank}_k, {key}_{rank}_v), so that a batch writes each key's
+// hex once a page instead of once a part; nil when there is one part, or when
+// that does not hold for two keys of different digest sizes (a spelling that
+// changed), and every name is then built whole.
+func partTails(names pagekey.Names, pool string) [][]byte {
+	parts := names.Parts()
+	if parts < 2 {
+		return nil
+	}
+	var d1 [pagekey.MaxDigestSize]byte
+	var d2 [16]byte
+	for i := range d1 {
+		d1[i] = byte(0xa5 + 7*i)
+	}
+	for i := range d2 {
+		d2[i] = byte(0x3c + 11*i)
+	}
+	k1, err1 := pagekey.KeyFromDigest(d1[:])
+	k2, err2 := pagekey.KeyFromDigest(d2[:])
+	if err1 != nil || err2 != nil {
+		return nil
+	}
+	first := names.Object(k1, pool, 0)
+	common := len(first)
+	for part := 1; part < parts; part++ {
+		other := names.Object(k1, pool, part)
+		n := 0
+		for n < min(len(first), len(other)) && first[n] == other[n] {
+			n++
+		}
+		common = min(common, n)
+	}
+	tails := make([][]byte, parts)
+	for part := range parts {
+		tails[part] = []byte(names.Object(k1, pool, part)[common:])
+	}
+	for _, k := range []pagekey.Key{k1, k2} {
+		base := names.Object(k, pool, 0)
+		if !strings.HasSuffix(base, string(tails[0])) {
+			return nil
+		}
+		for part := 1; part < parts; part++ {
+			if names.Object(k, pool, part) != base[:len(base)-len(tails[0])]+string(tails[part]) {
+				return nil
+			}
+		}
+	}
+	return tails
 }
 
 // checkKeys reports whether every object name of spec's pages is a key the node

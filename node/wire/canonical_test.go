@@ -1,0 +1,166 @@
+package wire
+
+import (
+	"fmt"
+	"reflect"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// FuzzItemCanonical holds the fast decoder of an item (unmarshalCanonical) to
+// the general one (unmarshal): wherever the fast one accepts a body, the general
+// one decodes it to the same item, with the keys shared or not; where it
+// declines, the general one decides, so its errors are the only ones a client
+// sees.
+func FuzzItemCanonical(f *testing.F) {
+	for _, it := range putItems(3, 2, 4) {
+		f.Add(it.marshal(nil))
+	}
+	f.Add(Item{Key: "k", Ranges: []Range{{Segment: 1, Length: 5}}}.marshalCopy())
+	f.Add(Item{Key: "k", Format: 7, Ranges: []Range{{Offset: 9, Length: 1}}}.marshalCopy())
+	f.Add([]byte{tagItemKey, 1, 'a', tagItemKey, 1, 'b', tagItemRanges, 2, tagRangeLength, 3})
+	f.Add([]byte{tagItemRanges, 6, tagRangeSegment, 0xff, 0xff, 0xff, 0xff, 0x1f})
+	f.Add(protowire.AppendTag(nil, 9, protowire.VarintType))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, share := range []bool{false, true} {
+			var keys, keys2 *keyBuffer
+			if share {
+				keys, keys2 = newKeyBuffer(len(body)), newKeyBuffer(len(body))
+			}
+			var fast, slow Item
+			if !fast.unmarshalCanonical(body, make([]Range, 1), keys) {
+				if share && keys.sb.Len() != 0 {
+					t.Fatalf("declined, but took %d key bytes", keys.sb.Len())
+				}
+				continue
+			}
+			if err := slow.unmarshal(body, make([]Range, 1), keys2); err != nil {
+				t.Fatalf("the fast decoder accepted what the general one refuses (%v): %+v", err, fast)
+			}
+			if !reflect.DeepEqual(fast, slow) {
+				t.Fatalf("decoders differ:\nfast    %+v\ngeneral %+v", fast, slow)
+			}
+		}
+	})
+}
+
+// marshalCopy encodes the item on its own, for seeds.
+func (it Item) marshalCopy() []byte { return it.marshal(nil) }
+
+// TestItemCanonicalDeclines checks that what the fast decoder leaves to the
+// general one still gets the general one's answer through Decode: an unknown
+// field is skipped, a range over MaxRanges and a key over MaxKey are refused.
+func TestItemCanonicalDeclines(t *testing.T) {
+	ok := Item{Key: "key", Format: 3, Ranges: []Range{{Segment: 1, Offset: 8, Length: 4}}}
+	withUnknown := protowire.AppendVarint(protowire.AppendTag(ok.marshal(nil), 15, protowire.VarintType), 1)
+	if got := decodeGetItem(t, withUnknown); !reflect.DeepEqual(got, ok) {
+		t.Fatalf("item with an unknown field decoded as %+v, want %+v", got, ok)
+	}
+	many := Item{Key: "key", Ranges: make([]Range, MaxRanges+1)}
+	for i := range many.Ranges {
+		many.Ranges[i] = Range{Segment: 1, Length: 1}
+	}
+	long := Item{Key: string(make([]byte, MaxKey+1)), Ranges: ok.Ranges}
+	for name, it := range map[string]Item{"too many ranges": many, "key too long": long} {
+		body := protowire.AppendBytes(protowire.AppendTag(nil, fBatchItems, protowire.BytesType), it.marshal(nil))
+		if _, err := Decode(TypeGet, body); err == nil {
+			t.Errorf("%s: decoded", name)
+		}
+	}
+}
+
+// decodeGetItem decodes a Get of the one encoded item body.
+func decodeGetItem(t *testing.T, item []byte) Item {
+	t.Helper()
+	body := protowire.AppendBytes(protowire.AppendTag(nil, fBatchItems, protowire.BytesType), item)
+	m, err := Decode(TypeGet, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.(*Get).Items[0]
+}
+
+// FuzzBatchCanonical holds the decoding of a Get's items and of a BatchReply,
+// which take a fast path over bodies laid out as this package writes them, to
+// the general walk alone (generalItems, generalResults): the same items or
+// results, or the same error.
+func FuzzBatchCanonical(f *testing.F) {
+	f.Add(Get{Items: putItems(3, 2, 4)}.Marshal(nil))
+	f.Add(Put{Items: putItems(2, 1, 1)}.Marshal(nil))
+	f.Add(BatchReply{Results: []Result{{}, {Status: NotFound, Message: "gone"}, {}}}.Marshal(nil))
+	f.Add([]byte{tagBatchField, 0, tagBatchField, 2, 0x08, 0x03})
+	f.Add(protowire.AppendVarint(protowire.AppendTag([]byte{tagBatchField, 0}, 7, protowire.VarintType), 5))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, share := range []bool{false, true} {
+			got, err := unmarshalItems(body, share)
+			want, werr := generalItems(body, share)
+			if fmt.Sprint(err) != fmt.Sprint(werr) || err == nil && !reflect.DeepEqual(got, want) {
+				t.Fatalf("items: fast path %+v, %v; general %+v, %v", got, err, want, werr)
+			}
+		}
+		var got, want BatchReply
+		err, werr := got.unmarshal(body), want.generalResults(body)
+		if fmt.Sprint(err) != fmt.Sprint(werr) || err == nil && !reflect.DeepEqual(got, want) {
+			t.Fatalf("results: fast path %+v, %v; general %+v, %v", got, err, want, werr)
+		}
+	})
+}
+
+// generalItems is unmarshalItems without its fast paths.
+func generalItems(b []byte, shareKeys bool) ([]Item, error) {
+	n, err := count(b, fBatchItems, "items", MaxItems)
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	var keys *keyBuffer
+	if shareKeys {
+		keys = newKeyBuffer(len(b))
+	}
+	var items []Item
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return items, err
+		}
+		if f.num != fBatchItems {
+			continue
+		}
+		i := len(items)
+		if err := f.want("items", protowire.BytesType); err != nil {
+			return nil, prefixIndex("items", i, err)
+		}
+		items = append(items, Item{})
+		if err := items[i].unmarshal(f.val, nil, keys); err != nil {
+			return nil, prefixIndex("items", i, err)
+		}
+	}
+}
+
+// generalResults is BatchReply.unmarshal without its fast path.
+func (m *BatchReply) generalResults(b []byte) error {
+	n, err := count(b, fBatchReplyResults, "results", MaxItems)
+	if err != nil || n == 0 {
+		return err
+	}
+	m.Results = make([]Result, 0, n)
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return err
+		}
+		if f.num != fBatchReplyResults {
+			continue
+		}
+		i := len(m.Results)
+		if err := f.want("results", protowire.BytesType); err != nil {
+			return prefixIndex("results", i, err)
+		}
+		m.Results = append(m.Results, Result{})
+		if err := m.Results[i].unmarshal(f.val); err != nil {
+			return prefixIndex("results", i, err)
+		}
+	}
+}
