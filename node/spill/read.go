@@ -3,6 +3,7 @@ package spill
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"unsafe"
@@ -36,7 +37,7 @@ func (s *Store) get(key string, format uint64, runs [][]byte) error {
 	h := hashKey(key)
 	size := runsLen(runs)
 	s.mu.Lock()
-	e, ok := s.index[h]
+	e, ok := s.idx.get(h)
 	switch {
 	case !ok:
 		s.mu.Unlock()
@@ -78,8 +79,8 @@ func (s *Store) get(key string, format uint64, runs [][]byte) error {
 	defer s.mu.Unlock()
 	s.releaseLocked(seg)
 	if err != nil {
-		if cur, ok := s.index[h]; ok && cur == e {
-			s.unindexLocked(h, e)
+		if cur, ok := s.idx.get(h); ok && cur == e {
+			s.unindexLocked(h)
 			s.st.corrupt.Add(1)
 		}
 		return err
@@ -100,11 +101,18 @@ func (s *Store) bufferOfLocked(e entry) *stageBuf {
 	return nil
 }
 
-// readRecord reads e's record from seg: the blocks that hold it, into an
-// aligned window (O_DIRECT), checked and then copied into runs.
+// readRecord reads e's record from seg: straight into runs when they are one
+// run at an address and a file offset O_DIRECT can read into (readDirect),
+// else the blocks that hold it into an aligned window, checked and then
+// copied into runs.
 func (s *Store) readRecord(seg *segment, e entry, key string, runs [][]byte) error {
-	if len(runs) == 1 && e.hdrLen == block && e.size >= block && uintptr(unsafe.Pointer(unsafe.SliceData(runs[0])))%block == 0 {
-		return s.readDirect(seg, e, key, runs[0])
+	if len(runs) == 1 && s.canReadDirect(e, runs[0]) {
+		err := s.readDirect(seg, e, key, runs[0])
+		if !errors.Is(err, unix.EINVAL) {
+			return err
+		}
+		// The device refused the alignment after all (statx misled us):
+		// the window's 4 KiB alignment always does.
 	}
 	lo := roundDown(e.off, block)
 	hi := roundUp(e.off+int64(e.hdrLen)+e.size, block)
@@ -133,24 +141,40 @@ func (s *Store) readRecord(seg *segment, e entry, key string, runs [][]byte) err
 	return nil
 }
 
-// readDirect reads a record written straight from the caller's memory into
-// dst, block-aligned memory as the arena's: its whole data blocks move from
-// the device into dst with no copy, its header and last partial block
-// through a scratch buffer.
+// canReadDirect reports whether readDirect can read e's record into dst: the
+// header and the data's whole units of the device's O_DIRECT offset alignment
+// lie at aligned offsets (always where that is a 512-byte sector, as on most
+// devices; only for records written straight from the caller's memory, whose
+// header is a block, where it is 4 KiB), and dst is at an address O_DIRECT
+// can read into.
+func (s *Store) canReadDirect(e entry, dst []byte) bool {
+	a := s.dioAlign
+	return e.size >= a && e.off%a == 0 && int64(e.hdrLen)%a == 0 &&
+		int64(uintptr(unsafe.Pointer(unsafe.SliceData(dst))))%s.dioMem == 0
+}
+
+// readDirect reads e's record into dst with one read: the header into a
+// scratch block, the data's whole units of the O_DIRECT alignment from the
+// device into dst with no copy, and its last partial unit through the
+// scratch buffer.
 func (s *Store) readDirect(seg *segment, e entry, key string, dst []byte) error {
-	whole := roundDown(e.size, block)
+	a := s.dioAlign
+	whole := roundDown(e.size, a)
 	sc := s.getScratch(2 * block)
 	defer s.putScratch(sc)
-	hdr, tail := (*sc)[:block], (*sc)[block:2*block]
+	hdr, tail := (*sc)[:e.hdrLen], (*sc)[block:block+a]
 	iovs := [][]byte{hdr, dst[:whole]}
 	if whole < e.size {
 		iovs = append(iovs, tail)
 	}
 	n, err := preadvFull(seg.fd, iovs, e.off)
+	if errors.Is(err, unix.EINVAL) {
+		return err
+	}
 	if err != nil && err != io.ErrUnexpectedEOF {
 		return ioError("read", seg.path, err)
 	}
-	if int64(n) < block+e.size {
+	if int64(n) < int64(e.hdrLen)+e.size {
 		return corrupt(seg, e, key, "the segment file ends inside the record")
 	}
 	if err := checkHeader(seg, e, key, hdr); err != nil {

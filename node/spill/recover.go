@@ -69,11 +69,11 @@ func (s *Store) recover() error {
 		}
 		seg.hinted = true
 	}
-	if n := len(s.index); n > 0 || s.st.tornTails.Load() > 0 {
+	if n := s.idx.n; n > 0 || s.st.tornTails.Load() > 0 {
 		s.log.Info("spill: recovered the objects of an earlier run", "dir", s.dir, "objects", n, "segments", len(s.segs),
 			"bytes", s.used, "tornTails", s.st.tornTails.Load())
 	}
-	s.st.recovered.Store(int64(len(s.index)))
+	s.st.recovered.Store(int64(s.idx.n))
 	return nil
 }
 
@@ -91,7 +91,10 @@ func (s *Store) recoverSegment(id uint32, newest bool) error {
 	}
 	seg := &segment{id: id, path: path, fd: fd}
 	if hs := s.readHints(id, st.Size); hs != nil {
-		s.applyHints(seg, hs)
+		if err := s.applyHints(seg, hs); err != nil {
+			_ = unix.Close(fd)
+			return err
+		}
 		seg.hints = nil // its hint file stands
 		seg.size = st.Size
 		s.segs = append(s.segs, seg)
@@ -100,7 +103,11 @@ func (s *Store) recoverSegment(id uint32, newest bool) error {
 		s.st.hintsRead.Add(1)
 		return nil
 	}
-	end, why := s.scanSegment(seg, st.Size, newest)
+	end, why, err := s.scanSegment(seg, st.Size, newest)
+	if err != nil {
+		_ = unix.Close(fd)
+		return err
+	}
 	if end < st.Size {
 		s.st.tornTails.Add(1)
 		s.log.Warn("spill: a segment ends in a bad record (a write torn by a crash, or damage); the rest of it is dropped",
@@ -122,8 +129,8 @@ func (s *Store) recoverSegment(id uint32, newest bool) error {
 }
 
 // scanSegment indexes seg's records and returns where its good records end,
-// with why the next one is bad.
-func (s *Store) scanSegment(seg *segment, size int64, verify bool) (int64, string) {
+// with why the next one is bad. An error is the index's: out of memory.
+func (s *Store) scanSegment(seg *segment, size int64, verify bool) (int64, string, error) {
 	sc := s.getScratch(2 * block)
 	defer s.putScratch(sc)
 	win := *sc
@@ -133,47 +140,49 @@ func (s *Store) scanSegment(seg *segment, size int64, verify bool) (int64, strin
 		lo := roundDown(off, block)
 		n := min(int64(len(win)), roundUp(size, block)-lo)
 		if _, err := preadFull(seg.fd, win[:n], lo); err != nil && err != io.ErrUnexpectedEOF {
-			return off, err.Error()
+			return off, err.Error(), nil
 		}
 		avail := min(n, size-lo) - (off - lo)
 		h, err := decodeHeader(win[off-lo : off-lo+min(avail, maxHeader)])
 		switch {
 		case err != nil:
-			return off, err.Error()
+			return off, err.Error(), nil
 		case h.segment != seg.id:
-			return off, fmt.Sprintf("a record of segment %d", h.segment)
+			return off, fmt.Sprintf("a record of segment %d", h.segment), nil
 		case off+h.recLen > size:
-			return off, fmt.Sprintf("a record of %d bytes past the end of the file", h.recLen)
+			return off, fmt.Sprintf("a record of %d bytes past the end of the file", h.recLen), nil
 		case h.hdrLen == block && off%block != 0:
-			return off, "a direct record at an unaligned offset"
+			return off, "a direct record at an unaligned offset", nil
 		}
 		if verify && h.kind == kindObject {
 			if why := s.verifyData(seg, off, h); why != "" {
-				return off, why
+				return off, why, nil
 			}
 		}
 		if h.kind != kindPad {
-			s.applyHints(seg, []hint{{kind: h.kind, hdrLen: uint32(h.hdrLen), off: off, size: h.dataLen, format: h.format, hash: hashKey(h.key)}})
+			if err := s.applyHints(seg, []hint{{kind: h.kind, hdrLen: uint32(h.hdrLen), off: off, size: h.dataLen, format: h.format, hash: hashKey(h.key)}}); err != nil {
+				return off, "", err
+			}
 		}
 		off += h.recLen
 	}
-	return off, ""
+	return off, "", nil
 }
 
 // applyHints indexes seg's records, in order, and keeps them as its hints.
-func (s *Store) applyHints(seg *segment, hs []hint) {
+func (s *Store) applyHints(seg *segment, hs []hint) error {
 	for _, h := range hs {
 		switch h.kind {
 		case kindObject:
-			s.indexLocked(h.hash, entry{seg: seg.id, hdrLen: h.hdrLen, off: h.off, size: h.size, format: h.format})
-			seg.keys = append(seg.keys, h.hash)
-		case kindTombstone:
-			if e, ok := s.index[h.hash]; ok {
-				s.unindexLocked(h.hash, e)
+			if err := s.indexLocked(seg, h.hash, entry{seg: seg.id, hdrLen: h.hdrLen, off: h.off, size: h.size, format: h.format}); err != nil {
+				return err
 			}
+		case kindTombstone:
+			s.unindexLocked(h.hash)
 		}
 		seg.hints = append(seg.hints, h)
 	}
+	return nil
 }
 
 // verifyData checks the data checksum of the record h at off.

@@ -9,8 +9,9 @@
 // O_DIRECT write while puts fill the other. An object too large for a buffer
 // is written straight from the caller's memory, its header padded to 4 KiB so
 // that its bytes keep their alignment. An index in memory maps a 128-bit hash
-// of each key to its record (segment, offset, length, format), in a map of
-// pointer-free entries that the garbage collector does not scan; a read checks
+// of each key to its record (segment, offset, length, format), in records and
+// a hash table mapped outside the Go heap (index.go: about 60 bytes an object,
+// and nothing for the garbage collector to scan or sweep); a read checks
 // the record's header, the key in it included, and the data's checksum, so it
 // never serves another key's bytes or damaged ones. A record still in a write
 // buffer is read from the buffer.
@@ -49,6 +50,10 @@ type Store struct {
 	log      *slog.Logger
 	segBytes int64 // SegmentBytes, lowered for a small capacity
 	bufBytes int64
+	// dioAlign and dioMem are the file offset and memory alignments that
+	// reads with O_DIRECT need (statx), at most a block: where a record's data
+	// lies at such an offset, a get reads it straight into the caller's memory.
+	dioAlign, dioMem int64
 
 	// freeBytes, when set, replaces the device's free space (statfs) in tests.
 	freeBytes func() int64
@@ -65,7 +70,7 @@ type Store struct {
 	closed   bool       // no new calls
 	stopping bool       // the writer ends once the queue is empty
 	direct   bool       // O_DIRECT in use
-	index    map[[16]byte]entry
+	idx      index      // off the Go heap; closed by Close
 	segs     []*segment // live segments, oldest first; the active one last
 	byID     map[uint32]*segment
 	active   *segment // where records go; nil until the first put
@@ -84,8 +89,7 @@ type Store struct {
 	st counters
 }
 
-// entry is where an object's record is. It holds no pointers, so a map of
-// millions of them costs the garbage collector nothing to scan.
+// entry is where an object's record is, as the index returns it.
 type entry struct {
 	seg    uint32
 	hdrLen uint32
@@ -101,8 +105,9 @@ type segment struct {
 	fd   int
 	// size is the bytes of records placed in the file, written or not.
 	size int64
-	// keys are the hashes of the object records in it, for dropping it.
-	keys [][16]byte
+	// head is the first of its records on the index's list of them, for
+	// dropping it.
+	head uint32
 	// refs counts reads and writes on fd in flight; a dropped segment's fd is
 	// closed when the last ends.
 	refs int
@@ -163,13 +168,18 @@ func New(cfg Config) (*Store, error) {
 		log:      cfg.Logger,
 		bufBytes: cfg.BufferBytes,
 		direct:   cfg.DirectIO,
-		index:    map[[16]byte]entry{},
 		byID:     map[uint32]*segment{},
 		nextID:   1,
 	}
+	s.dioAlign, s.dioMem = dioAlignment(lock, cfg.DirectIO)
 	s.cond = sync.NewCond(&s.mu)
+	if s.idx, err = newIndex(); err != nil {
+		_ = unix.Close(lock)
+		return nil, err
+	}
 	if err := s.recover(); err != nil {
 		s.closeSegments()
+		s.idx.close()
 		_ = unix.Close(lock)
 		return nil, err
 	}
@@ -181,6 +191,7 @@ func New(cfg Config) (*Store, error) {
 	mem, err := unix.Mmap(-1, 0, int(2*s.bufBytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		s.closeSegments()
+		s.idx.close()
 		_ = unix.Close(lock)
 		return nil, fmt.Errorf("spill %s: mapping two write buffers of %d bytes: %v: %w", dir, s.bufBytes, err, storage.ErrConfig)
 	}
@@ -215,6 +226,9 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	s.writer.Wait()
 	s.closeSegments()
+	s.mu.Lock()
+	s.idx.close() // no call is in flight, and the writer is gone
+	s.mu.Unlock()
 	var err error
 	if s.mapped != nil {
 		err = unix.Munmap(s.mapped)
@@ -303,7 +317,7 @@ func (s *Store) ObjectSize(ctx context.Context, key string, format storage.Forma
 	}
 	defer s.inflight.Done()
 	s.mu.Lock()
-	e, ok := s.index[hashKey(key)]
+	e, ok := s.idx.get(hashKey(key))
 	s.mu.Unlock()
 	switch {
 	case !ok:
@@ -327,7 +341,7 @@ func (s *Store) RemoveObject(ctx context.Context, key string) (bool, error) {
 	defer s.inflight.Done()
 	h := hashKey(key)
 	s.mu.Lock()
-	if _, ok := s.index[h]; !ok {
+	if s.idx.find(h) == 0 {
 		s.mu.Unlock()
 		return false, nil
 	}
@@ -336,8 +350,7 @@ func (s *Store) RemoveObject(ctx context.Context, key string) (bool, error) {
 	if err != nil {
 		// Forgotten all the same: only a restart could bring it back.
 		s.mu.Lock()
-		if e, ok := s.index[h]; ok {
-			s.unindexLocked(h, e)
+		if s.unindexLocked(h) {
 			had = true
 		}
 		s.mu.Unlock()
@@ -350,19 +363,25 @@ func (s *Store) RemoveObject(ctx context.Context, key string) (bool, error) {
 	return had, nil
 }
 
-// unindexLocked forgets h, whose entry is e.
-func (s *Store) unindexLocked(h [16]byte, e entry) {
-	delete(s.index, h)
-	s.liveBytes -= e.size
+// unindexLocked forgets h and reports whether it was indexed.
+func (s *Store) unindexLocked(h [16]byte) bool {
+	e, ok := s.idx.remove(h)
+	if ok {
+		s.liveBytes -= e.size
+	}
+	return ok
 }
 
-// indexLocked records e for h, replacing an older entry.
-func (s *Store) indexLocked(h [16]byte, e entry) {
-	if old, ok := s.index[h]; ok {
+// indexLocked records e, a record in seg, for h, replacing an older entry.
+func (s *Store) indexLocked(seg *segment, h [16]byte, e entry) error {
+	old, replaced, err := s.idx.add(&seg.head, h, e)
+	if replaced {
 		s.liveBytes -= old.size
 	}
-	s.index[h] = e
-	s.liveBytes += e.size
+	if err == nil {
+		s.liveBytes += e.size
+	}
+	return err
 }
 
 // ctxError is the error of a call whose context ended.
@@ -413,6 +432,25 @@ func parseSegmentName(name string) (uint32, bool) {
 		return 0, false
 	}
 	return id, true
+}
+
+// dioAlignment returns the file offset and memory alignments that O_DIRECT
+// reads of files in the spill's directory need, from statx of fd (a file
+// there); a block where the filesystem does not say or asks for more, and no
+// alignment without O_DIRECT.
+func dioAlignment(fd int, direct bool) (offset, mem int64) {
+	if !direct {
+		return 1, 1
+	}
+	var st unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_DIOALIGN, &st); err != nil || st.Mask&unix.STATX_DIOALIGN == 0 {
+		return block, block
+	}
+	offset, mem = int64(st.Dio_offset_align), int64(st.Dio_mem_align)
+	if offset == 0 || offset > block || block%offset != 0 || mem == 0 || mem > block || block%mem != 0 {
+		return block, block
+	}
+	return offset, mem
 }
 
 // openSegment opens a segment file, with O_DIRECT while the spill uses it: a

@@ -22,6 +22,9 @@ type Stats struct {
 	CapacityBytes int64 `json:"capacityBytes"`
 	SegmentBytes  int64 `json:"segmentBytes"`
 	BufferedBytes int64 `json:"bufferedBytes"`
+	// IndexBytes is the memory the index has mapped (outside the Go heap):
+	// about 60-70 bytes an object.
+	IndexBytes int64 `json:"indexBytes"`
 	// Reads counts objects read and verified (BufferReads of them served from
 	// a write buffer), ReadBytes their bytes; Misses, objects looked for and
 	// not found.
@@ -87,7 +90,8 @@ func (s *Store) Stats() Stats {
 	st := Stats{
 		Bytes:         s.used,
 		Files:         int64(len(s.segs)),
-		Objects:       int64(len(s.index)),
+		Objects:       int64(s.idx.n),
+		IndexBytes:    s.idx.bytes(),
 		LiveBytes:     s.liveBytes,
 		CapacityBytes: s.cfg.CapacityBytes,
 		SegmentBytes:  s.segBytes,

@@ -64,7 +64,7 @@ func (s *Store) stage(ctx context.Context, kind uint8, key string, h [16]byte, f
 			s.mu.Unlock()
 			return false, ctxError("put", err)
 		}
-		e, ok := s.index[h]
+		e, ok := s.idx.get(h)
 		if kind == kindObject && ok {
 			if e.format != format {
 				s.st.conflicts.Add(1)
@@ -87,7 +87,7 @@ func (s *Store) stage(ctx context.Context, kind uint8, key string, h [16]byte, f
 		}
 		if !wait {
 			if kind == kindTombstone {
-				s.unindexLocked(h, e)
+				s.unindexLocked(h)
 				p.seg.hints = append(p.seg.hints, hint{kind: kindTombstone, hash: h})
 				had = true
 			}
@@ -134,14 +134,16 @@ func (s *Store) stage(ctx context.Context, kind uint8, key string, h [16]byte, f
 		return had, nil
 	}
 	e := entry{seg: p.seg.id, hdrLen: uint32(p.hdrLen), off: p.off, size: size, format: format}
-	if _, ok := s.index[h]; ok || p.seg.dropped {
+	if s.idx.find(h) != 0 || p.seg.dropped {
 		// Another put of the key won the race, or the segment went meanwhile:
 		// this record is dead bytes.
 		s.st.skipped.Add(1)
 		return false, nil
 	}
-	s.indexLocked(h, e)
-	p.seg.keys = append(p.seg.keys, h)
+	if err := s.indexLocked(p.seg, h, e); err != nil {
+		// Written, but never to be found: dead bytes.
+		return false, err
+	}
 	p.seg.hints = append(p.seg.hints, hint{kind: kindObject, hdrLen: e.hdrLen, off: e.off, size: e.size, format: e.format, hash: h})
 	if p.buf != nil {
 		p.buf.keys = append(p.buf.keys, h)
@@ -328,14 +330,9 @@ func (s *Store) dropOldestLocked() bool {
 	}
 	s.segs = s.segs[1:]
 	delete(s.byID, seg.id)
-	n := int64(0)
-	for _, h := range seg.keys {
-		if e, ok := s.index[h]; ok && e.seg == seg.id {
-			s.unindexLocked(h, e)
-			n++
-		}
-	}
-	seg.keys = nil
+	n, bytes := s.idx.dropSegment(seg.head)
+	seg.head = 0
+	s.liveBytes -= bytes
 	s.used -= seg.size
 	s.st.evictions.Add(n)
 	s.st.segmentsDropped.Add(1)
@@ -425,8 +422,8 @@ func (s *Store) failBufLocked(b *stageBuf, err error) {
 	b.seg.hints = nil // New reads a broken segment
 	lost := 0
 	for _, h := range b.keys {
-		if e, ok := s.index[h]; ok && e.seg == b.seg.id && e.off >= b.start && e.off < b.start+b.n {
-			s.unindexLocked(h, e)
+		if e, ok := s.idx.get(h); ok && e.seg == b.seg.id && e.off >= b.start && e.off < b.start+b.n {
+			s.unindexLocked(h)
 			lost++
 		}
 	}
