@@ -58,19 +58,111 @@ func (a *Arena) AcquireAll(keys []string, format uint64) (leases []*Lease, errs 
 	return leases, errs, nil
 }
 
+// AcquireInto leases the committed objects keys of the given format under one
+// lock, as AcquireAll does, into leases[i] instead of a Lease allocated per key:
+// a batch of small objects spent as much on those allocations as on copying
+// them. When errs[i] is nil, &leases[i] is keys[i]'s lease, to be ended by
+// ReleaseAll or its own Release; otherwise errs[i] says why (ErrNotFound,
+// ErrFormat) and leases[i] holds nothing. leases and errs need len(keys)
+// elements; what they held before is overwritten, so a caller can reuse them
+// once every lease in them has been released. It fails as a whole only when the
+// arena is closed, and then leases nothing.
+func (a *Arena) AcquireInto(keys []string, format uint64, leases []Lease, errs []error) error {
+	if len(leases) < len(keys) || len(errs) < len(keys) {
+		panic(fmt.Sprintf("arena: AcquireInto of %d keys into %d leases and %d errors", len(keys), len(leases), len(errs)))
+	}
+	// Hashed before the lock: other readers and writers wait on it.
+	var small [256]uint64
+	hs := small[:0]
+	if len(keys) > len(small) {
+		hs = make([]uint64, 0, len(keys))
+	}
+	for _, k := range keys {
+		hs = append(hs, maphash.String(a.seed, k))
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		for i := range keys {
+			leases[i].clear()
+		}
+		return fmt.Errorf("acquire %d objects: %w", len(keys), ErrClosed)
+	}
+	for i, k := range keys {
+		l := &leases[i]
+		idx, b, err := a.leaseLocked(k, hs[i], format)
+		if err != nil {
+			l.clear()
+			errs[i] = err
+			continue
+		}
+		l.a, l.idx, l.key, l.b = a, idx, k, b
+		l.released.Store(false)
+		errs[i] = nil
+	}
+	return nil
+}
+
+// clear leaves l holding nothing: Release and ReleaseAll skip it.
+func (l *Lease) clear() {
+	l.a, l.idx, l.key, l.b = nil, 0, "", nil
+	l.released.Store(true)
+}
+
+// ReleaseAll ends every lease of leases that AcquireInto took and that was not
+// released yet, under one lock, as a Release of each would; elements that hold
+// nothing (a key AcquireInto did not lease) are skipped. Afterwards every
+// element holds nothing, not even its key, so that a slice kept for the next
+// batch does not keep this batch's keys alive. The leases must be this
+// arena's.
+func (a *Arena) ReleaseAll(leases []Lease) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	lru := false
+	for i := range leases {
+		l := &leases[i]
+		if l.a == nil {
+			continue
+		}
+		if l.a != a {
+			panic("arena: ReleaseAll of another arena's lease")
+		}
+		if l.released.CompareAndSwap(false, true) {
+			lru = a.releaseLocked(l.idx) || lru
+		}
+		l.a, l.idx, l.key, l.b = nil, 0, "", nil
+	}
+	if lru {
+		a.kickLocked()
+	}
+	if err := a.unmapLocked(); err != nil {
+		a.cfg.Logger.Warn("arena: releasing memory after close", "err", err)
+	}
+}
+
 // acquireLocked leases key, whose hash is h. Its ErrNotFound is bare: a miss is
 // common and not worth a message.
 func (a *Arena) acquireLocked(key string, h, format uint64) (*Lease, error) {
+	idx, b, err := a.leaseLocked(key, h, format)
+	if err != nil {
+		return nil, err
+	}
+	return &Lease{a: a, idx: idx, key: key, b: b}, nil
+}
+
+// leaseLocked takes a lease on key's object, whose hash is h, and returns its
+// record and bytes.
+func (a *Arena) leaseLocked(key string, h, format uint64) (uint32, []byte, error) {
 	idx := a.lookupLocked(key, h)
 	if idx == 0 {
-		return nil, ErrNotFound
+		return 0, nil, ErrNotFound
 	}
 	r := a.rec(idx)
 	if r.state != committed {
-		return nil, ErrNotFound
+		return 0, nil, ErrNotFound
 	}
 	if r.format != format {
-		return nil, fmt.Errorf("the object has format %#x, not %#x: %w", r.format, format, ErrFormat)
+		return 0, nil, fmt.Errorf("the object has format %#x, not %#x: %w", r.format, format, ErrFormat)
 	}
 	if r.flags&flagInLRU != 0 {
 		a.lruRemove(idx)
@@ -83,7 +175,7 @@ func (a *Arena) acquireLocked(key string, h, format uint64) (*Lease, error) {
 	if r.flags&flagEvicting != 0 {
 		r.flags |= flagTouched
 	}
-	return &Lease{a: a, idx: idx, key: key, b: a.mem[r.off : r.off+r.size : r.off+r.size]}, nil
+	return idx, a.mem[r.off : r.off+r.size : r.off+r.size], nil
 }
 
 // Key is the leased object's key.
@@ -107,22 +199,32 @@ func (l *Lease) Release() {
 	a := l.a
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := a.rec(l.idx)
-	r.prev--
-	a.leases--
-	if r.prev == 0 {
-		a.leased--
-		switch {
-		case r.state == gone:
-			a.freeLocked(l.idx)
-		case r.state == committed && r.flags&flagEvicting == 0 && !a.closed:
-			a.lruPushFront(l.idx)
-			a.kickLocked()
-		}
+	if a.releaseLocked(l.idx) {
+		a.kickLocked()
 	}
 	if err := a.unmapLocked(); err != nil {
 		a.cfg.Logger.Warn("arena: releasing memory after close", "err", err)
 	}
+}
+
+// releaseLocked ends a lease on record idx, and reports whether its object went
+// back on the LRU list (the caller then kicks the evictor).
+func (a *Arena) releaseLocked(idx uint32) bool {
+	r := a.rec(idx)
+	r.prev--
+	a.leases--
+	if r.prev != 0 {
+		return false
+	}
+	a.leased--
+	switch {
+	case r.state == gone:
+		a.freeLocked(idx)
+	case r.state == committed && r.flags&flagEvicting == 0 && !a.closed:
+		a.lruPushFront(idx)
+		return true
+	}
+	return false
 }
 
 // Contains reports whether the committed object key has the given format. It does

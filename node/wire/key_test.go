@@ -15,13 +15,14 @@ func printableSlow(k string) bool {
 	return true
 }
 
-// printable checks eight bytes at a time; it must agree with the byte loop on
-// every byte value at every position of a word, and on random strings.
+// printable checks sixteen bytes, then eight, then one at a time; it must
+// agree with the byte loop on every byte value at every position of each, and
+// on random strings.
 func TestPrintableAgreesWithTheByteLoop(t *testing.T) {
-	for n := 0; n <= 20; n++ {
+	for n := 0; n <= 28; n++ {
 		for pos := 0; pos < n; pos++ {
 			for c := 0; c < 256; c++ {
-				b := []byte(strings.Repeat("a~ 0", 6)[:n])
+				b := []byte(strings.Repeat("a~ 0", 8)[:n])
 				b[pos] = byte(c)
 				if k := string(b); printable(k) != printableSlow(k) {
 					t.Fatalf("printable(%q) = %v", k, printable(k))

@@ -3,6 +3,7 @@ package wire
 import (
 	"fmt"
 	"math"
+	"slices"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -429,42 +430,60 @@ func (m ExistsReply) Marshal(b []byte) []byte {
 	return appendVarint(b, fExistsReplyPresent, uint64(m.Present))
 }
 
-func (r Range) size() int {
-	return sizeVarint(fRangeSegment, uint64(r.Segment)) + sizeVarint(fRangeOffset, r.Offset) + sizeVarint(fRangeLength, r.Length)
-}
-
 func (r Range) marshal(b []byte) []byte {
 	b = appendVarint(b, fRangeSegment, uint64(r.Segment))
 	b = appendVarint(b, fRangeOffset, r.Offset)
 	return appendVarint(b, fRangeLength, r.Length)
 }
 
-func (it *Item) size() int {
-	n := sizeString(fItemKey, it.Key) + sizeFixed64(fItemFormat, it.Format)
-	for _, r := range it.Ranges {
-		n += protowire.SizeTag(fItemRanges) + protowire.SizeBytes(r.size())
-	}
-	return n
-}
+// maxRangeSize is the most bytes a Range's encoding takes: three tags and
+// three varints, of a uint32 and two uint64s. Less than 128, its length is one
+// byte.
+const maxRangeSize = 3 + 5 + 10 + 10
+
+var _ = [1]struct{}{}[maxRangeSize>>7] // a range's length is one byte
 
 func (it *Item) marshal(b []byte) []byte {
 	b = appendString(b, fItemKey, it.Key)
 	b = appendFixed64(b, fItemFormat, it.Format)
 	for _, r := range it.Ranges {
-		b = protowire.AppendTag(b, fItemRanges, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(r.size()))
+		// The length is written after the range, in the byte kept for it.
+		b = append(b, tagItemRanges, 0)
+		start := len(b)
 		b = r.marshal(b)
+		b[start-1] = byte(len(b) - start)
 	}
 	return b
 }
 
+// marshalItems appends the items of a Put or Get. Each item is written after
+// a one-byte length, which is then set, or made longer (the item moved up) for
+// an item of 128 bytes or more: the same bytes as sizing each item (and each
+// range) first, without the sizing pass, which cost as much as the writing in
+// a batch of small objects.
 func marshalItems(b []byte, items []Item) []byte {
 	for i := range items {
-		it := &items[i]
-		b = protowire.AppendTag(b, fBatchItems, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(it.size()))
-		b = it.marshal(b)
+		b = append(b, tagBatchField, 0)
+		start := len(b)
+		b = items[i].marshal(b)
+		b = setLength(b, start)
 	}
+	return b
+}
+
+// setLength writes the length of b[start:] as the varint that precedes it, in
+// the one byte kept for it at b[start-1], moving b[start:] up when the varint
+// needs more.
+func setLength(b []byte, start int) []byte {
+	n := len(b) - start
+	if n < 0x80 {
+		b[start-1] = byte(n)
+		return b
+	}
+	k := protowire.SizeVarint(uint64(n))
+	b = slices.Grow(b, k-1)[:len(b)+k-1]
+	copy(b[start+k-1:], b[start:start+n])
+	protowire.AppendVarint(b[:start-1], uint64(n))
 	return b
 }
 
@@ -533,31 +552,43 @@ func ValidKey(k string) error {
 	return nil
 }
 
-// printable reports whether every byte of k is in 0x20..0x7e, eight bytes at a
-// time: every request names up to 4096 keys, and a byte-by-byte loop was a
-// tenth of an Exists round trip.
+// printable reports whether every byte of k is in 0x20..0x7e, sixteen bytes at
+// a time: every request names up to 4096 keys, and a byte-by-byte loop was a
+// tenth of an Exists round trip. The words' verdicts are ORed and looked at
+// once, at the end: a branch per word cost half the time of a 100-byte key.
 func printable(k string) bool {
-	const (
-		ones = 0x0101010101010101
-		high = 0x8080808080808080
-	)
-	i := 0
-	for ; i+8 <= len(k); i += 8 {
-		w := uint64(k[i]) | uint64(k[i+1])<<8 | uint64(k[i+2])<<16 | uint64(k[i+3])<<24 |
-			uint64(k[i+4])<<32 | uint64(k[i+5])<<40 | uint64(k[i+6])<<48 | uint64(k[i+7])<<56
-		// A byte is out when it has its high bit, is below 0x20 (w-0x20 borrows into
-		// its high bit), or is 0x7f (w+1 carries into its high bit). Bytes under
-		// 0x80 never carry or borrow into their neighbours here.
-		if (w|(w-0x20*ones)|(w+ones))&high != 0 {
-			return false
-		}
+	var acc uint64
+	for len(k) >= 16 {
+		acc |= outOfRange(word(k)) | outOfRange(word(k[8:]))
+		k = k[16:]
 	}
-	for ; i < len(k); i++ {
+	if len(k) >= 8 {
+		acc |= outOfRange(word(k))
+		k = k[8:]
+	}
+	for i := 0; i < len(k); i++ {
 		if c := k[i]; c < 0x20 || c > 0x7e {
 			return false
 		}
 	}
-	return true
+	return acc&0x8080808080808080 == 0
+}
+
+// word is the first 8 bytes of s, little-endian (one load).
+func word(s string) uint64 {
+	s = s[:8]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+}
+
+// outOfRange sets the high bit of each byte of w outside 0x20..0x7e: one that
+// has it already, one below 0x20 (w-0x20 borrows into its high bit), or 0x7f
+// (w+1 carries into it). Bytes in range never carry or borrow into their
+// neighbours, so a word of them comes out with no high bit; a byte out of range
+// may spoil its neighbours' bits, but the word is rejected anyway.
+func outOfRange(w uint64) uint64 {
+	const ones = 0x0101010101010101
+	return w | (w - 0x20*ones) | (w + ones)
 }
 
 func validText(what, s string, max int) error {

@@ -87,6 +87,8 @@ type Backend struct {
 	wg   sync.WaitGroup
 
 	hooks hooks
+	// reqs holds *requestBuffers for batch requests to be built in.
+	reqs sync.Pool
 }
 
 // hooks let tests act at points where a race would otherwise have to be won by

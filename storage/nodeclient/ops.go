@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stratakv/strata/kvlayout"
 	"github.com/stratakv/strata/node/wire"
 	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
@@ -184,11 +187,18 @@ func (b *Backend) batch(ctx context.Context, t wire.Type, poolName string, keys 
 		if len(keys) == 0 {
 			return nil
 		}
-		msg, items := batchRequest(t, p, seg, keys, pages)
+		rb, _ := b.reqs.Get().(*requestBuffers)
+		if rb == nil {
+			rb = new(requestBuffers)
+		}
+		msg, items := batchRequest(t, p, seg, keys, pages, rb)
 		if b.hooks.beforeSend != nil {
 			b.hooks.beforeSend()
 		}
 		m, err := b.callOn(ctx, conn, t, msg)
+		// Send encoded the request before callOn returned: nothing refers to
+		// its buffers any more.
+		rb.recycle(&b.reqs)
 		if errors.Is(err, errStale) && attempt == 0 {
 			continue // rebuild it with the new connection's segment ids
 		}
@@ -211,24 +221,60 @@ func (b *Backend) batch(ctx context.Context, t wire.Type, poolName string, keys 
 	}
 }
 
+// requestBuffers are the slices a batch request is built in, reused from one
+// batch to the next (Backend.reqs): building a request of 256 small objects
+// in fresh slices cost as much as the service's copies of them.
+type requestBuffers struct {
+	items  []wire.Item
+	ranges []wire.Range
+	buf    []byte
+	keyAt  [][2]int32
+}
+
+// maxKeptRequest is the most bytes of names a requestBuffers keeps for the
+// next batch; a larger one (thousands of parts) is dropped after use.
+const maxKeptRequest = 1 << 20
+
+// recycle drops rb's references to the request built in it and gives it to
+// pool, unless it grew past maxKeptRequest.
+func (rb *requestBuffers) recycle(pool *sync.Pool) {
+	if cap(rb.buf) > maxKeptRequest {
+		return
+	}
+	clear(rb.items)
+	rb.items, rb.ranges, rb.buf, rb.keyAt = rb.items[:0], rb.ranges[:0], rb.buf[:0], rb.keyAt[:0]
+	pool.Put(rb)
+}
+
 // batchRequest builds a Get or Put of the keys' objects from and into pages of
-// p, whose segment is seg on the connection the request will go on, and says
-// how many items (object parts) it names.
+// p, whose segment is seg on the connection the request will go on, in rb's
+// slices, and says how many items (object parts) it names.
 //
 // A batch of small objects spends more time naming and describing them than
-// the service takes to copy them, so the request is built with a handful of
-// allocations whatever its size: every name is appended to one buffer that the
-// keys are strings over (unsafe.String: the buffer is never written again),
-// and the items' ranges share one array (sized for the one range of a page_first
-// pool's part; an item with more grows its own). The request is encoded and
-// dropped; nothing keeps a key, so the buffer does not outlive the call.
-func batchRequest(t wire.Type, p *poolReg, seg uint32, keys []pagekey.Key, pages []pool.PageID) (wire.Message, int) {
+// the service takes to copy them, so the request is built without an
+// allocation per object: every name is appended to one buffer that the keys
+// are strings over (unsafe.String: the buffer is not written again until the
+// request is encoded and rb recycled), and the items' ranges share one array
+// (sized for the one range of a page_first pool's part; an item with more
+// grows its own). The request is encoded and dropped; nothing keeps a key.
+func batchRequest(t wire.Type, p *poolReg, seg uint32, keys []pagekey.Key, pages []pool.PageID, rb *requestBuffers) (wire.Message, int) {
 	parts := p.names.Parts()
 	n := len(keys) * parts
-	items := make([]wire.Item, 0, n)
-	ranges := make([]wire.Range, 0, n)
-	buf := make([]byte, 0, n*(96+len(p.names.ModelPrefix)+len(p.spec.Name)))
-	keyAt := make([][2]int32, 0, n) // each key's start and end in buf
+	items := slices.Grow(rb.items[:0], n)
+	ranges := slices.Grow(rb.ranges[:0], n)
+	buf := slices.Grow(rb.buf[:0], n*(96+len(p.names.ModelPrefix)+len(p.spec.Name)))
+	keyAt := slices.Grow(rb.keyAt[:0], n) // each key's start and end in buf
+	defer func() { rb.items, rb.ranges, rb.buf, rb.keyAt = items, ranges, buf, keyAt }()
+	// A part's span moves by the same step from each page to the next in every
+	// layout (kvlayout.Layout.Offset is affine in the slot, the rest of a span
+	// does not depend on the page): computed once a batch, not once an item.
+	var fixed [4]kvlayout.Span
+	var fixedSteps [4]int64
+	spans, steps := fixed[:0], fixedSteps[:0]
+	for part := range parts {
+		s0, s1 := p.spec.Layout.PageBufferSpan(part, 0), p.spec.Layout.PageBufferSpan(part, 1)
+		spans, steps = append(spans, s0), append(steps, s1.Offset-s0.Offset)
+	}
 	for i, k := range keys {
 		for part := range parts {
 			start := len(buf)
@@ -240,7 +286,8 @@ func batchRequest(t wire.Type, p *poolReg, seg uint32, keys []pagekey.Key, pages
 			} else {
 				buf = p.names.AppendObject(buf, k, p.spec.Name, part)
 			}
-			span := p.spec.Layout.PageBufferSpan(part, int(pages[i]))
+			span := spans[part]
+			span.Offset += int64(pages[i]) * steps[part]
 			first := len(ranges)
 			if span.Contiguous() {
 				ranges = append(ranges, wire.Range{Segment: seg, Offset: uint64(span.Offset), Length: uint64(span.Bytes())})

@@ -2,6 +2,7 @@ package nodeclient
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/stratakv/strata/kvlayout"
@@ -15,11 +16,16 @@ import (
 // object names and spans storage defines for each page part, for the
 // spellings whose parts share a suffix rule (MHA target and draft, model
 // prefixes, ranks), MLA (one part), and layouts whose parts are one run
-// (page_first) or many (layer_first).
+// (page_first, page_first_direct) or many (layer_first): each page's spans
+// come from the batch's per-part step, and each request is built in the
+// recycled buffers of the one before.
 func TestBatchRequestNamesAndRanges(t *testing.T) {
 	mha := kvlayout.Geometry{Layers: 2, KVHeads: 2, HeadDim: 8, DTypeBytes: 2}
 	mla := kvlayout.Geometry{Layers: 3, MLA: true, LatentDim: 16, DTypeBytes: 2}
 	keys := make([]pagekey.Key, 0, 6)
+	// Every request below is built in the buffers of the one before.
+	rb := new(requestBuffers)
+	var recycled sync.Pool
 	for i := range 6 {
 		d := make([]byte, 16+16*(i%2)) // digests of both sizes
 		for j := range d {
@@ -44,6 +50,8 @@ func TestBatchRequestNamesAndRanges(t *testing.T) {
 		{"draft", mha, kvlayout.LayerFirst, pagekey.Names{TPRank: 1}, true},
 		{"kv", mla, kvlayout.PageFirst, pagekey.Names{ModelPrefix: "m"}, false},
 		{"kv", mla, kvlayout.LayerFirst, pagekey.Names{}, false},
+		{"kv", mha, kvlayout.PageFirstDirect, pagekey.Names{}, true},
+		{"kv", mla, kvlayout.PageFirstDirect, pagekey.Names{}, false},
 	} {
 		t.Run(fmt.Sprintf("%s-%s-%v", c.pool, c.geo, c.kind), func(t *testing.T) {
 			layout, err := kvlayout.New(c.geo, c.kind, 4, 8)
@@ -58,7 +66,7 @@ func TestBatchRequestNamesAndRanges(t *testing.T) {
 				t.Fatalf("part tails %q", p.tails)
 			}
 			for _, typ := range []wire.Type{wire.TypeGet, wire.TypePut} {
-				msg, n := batchRequest(typ, p, 4, keys, pages)
+				msg, n := batchRequest(typ, p, 4, keys, pages, rb)
 				var items []wire.Item
 				switch m := msg.(type) {
 				case wire.Get:
@@ -91,6 +99,9 @@ func TestBatchRequestNamesAndRanges(t *testing.T) {
 				if err := msg.Validate(); err != nil {
 					t.Errorf("request does not validate: %v", err)
 				}
+				// The next request is built in the same buffers, as a Backend's
+				// next batch is: it must come out as if they were fresh.
+				rb.recycle(&recycled)
 			}
 		})
 	}
