@@ -115,6 +115,16 @@ func (r *run) progress(format string, args ...any) {
 	}
 }
 
+// batchProgress reports batch b (0-based) of a phase: every batch of a short run,
+// and about every tenth of a long one (a run of 300 small batches printed 1,800
+// lines).
+func (r *run) batchProgress(phase string, b int) {
+	n := r.cfg.Batches
+	if step := max(1, n/10); n <= 20 || b == 0 || (b+1)%step == 0 || b+1 == n {
+		r.progress("%s batch %d/%d", phase, b+1, n)
+	}
+}
+
 func (r *run) batchBytes() int64 { return int64(r.cfg.PagesPerBatch) * r.shape.PageBytes() }
 
 func (r *run) available() func() (int64, error) {
@@ -639,14 +649,14 @@ func (r *run) putGetPhases(ctx context.Context) error {
 		if !e.holdAll {
 			e.fill(b)
 		}
-		r.progress("put batch %d/%d", b+1, r.cfg.Batches)
+		r.batchProgress("put", b)
 		if err := rotate(ctx, put.cs, b); err != nil {
 			return err
 		}
 		if !r.target.PerBatch {
 			continue
 		}
-		r.progress("get batch %d/%d", b+1, r.cfg.Batches)
+		r.batchProgress("get", b)
 		if err := rotate(ctx, get.cs, b); err != nil {
 			return err
 		}
@@ -665,7 +675,7 @@ func (r *run) putGetPhases(ctx context.Context) error {
 			}
 		}
 		for b := range r.cfg.Batches {
-			r.progress("get batch %d/%d", b+1, r.cfg.Batches)
+			r.batchProgress("get", b)
 			if err := rotate(ctx, get.cs, b); err != nil {
 				return err
 			}

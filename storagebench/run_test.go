@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -265,6 +266,26 @@ func TestShapes(t *testing.T) {
 		}
 		if s.PartBytes()%directAlign != 0 {
 			t.Errorf("%s: parts of %d bytes cannot use O_DIRECT", s.Name, s.PartBytes())
+		}
+	}
+}
+
+// A long run reports about every tenth batch, with the first and the last; a
+// short one every batch.
+func TestBatchProgressIsBounded(t *testing.T) {
+	for _, c := range []struct{ batches, min, max int }{{5, 5, 5}, {20, 20, 20}, {300, 11, 12}, {1000, 11, 12}} {
+		var out bytes.Buffer
+		r := &run{cfg: Config{Batches: c.batches, Progress: &out}}
+		for b := range c.batches {
+			r.batchProgress("get", b)
+		}
+		text := out.String()
+		n := strings.Count(text, "\n")
+		if n < c.min || n > c.max {
+			t.Errorf("%d batches: %d progress lines, want %d-%d:\n%s", c.batches, n, c.min, c.max, text)
+		}
+		if !strings.Contains(text, "get batch 1/") || !strings.HasSuffix(text, fmt.Sprintf("get batch %d/%d\n", c.batches, c.batches)) {
+			t.Errorf("%d batches: the first or the last batch is not reported:\n%s", c.batches, text)
 		}
 	}
 }

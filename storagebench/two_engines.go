@@ -97,7 +97,7 @@ func (r *run) pairPhase(ctx context.Context) error {
 				e.fill(b)
 			}
 		}
-		r.progress("two engines: put batch %d/%d", b+1, r.cfg.Batches)
+		r.batchProgress("two engines: put", b)
 		if err := rotate(ctx, cs, b); err != nil {
 			return err
 		}
@@ -139,7 +139,7 @@ func (r *run) pairPhase(ctx context.Context) error {
 	}}
 	cs = []*contender{backend, peer}
 	for b := range r.cfg.Batches {
-		r.progress("two engines: get batch %d/%d", b+1, r.cfg.Batches)
+		r.batchProgress("two engines: get", b)
 		if err := rotate(ctx, cs, b); err != nil {
 			return err
 		}
