@@ -30,6 +30,7 @@ import (
 	"unsafe"
 
 	"github.com/stratakv/strata/hostmem"
+	"github.com/stratakv/strata/internal/offheap"
 )
 
 // Arena stores objects in a mapped region. It is safe for concurrent use.
@@ -52,9 +53,9 @@ type Arena struct {
 	ext    *Extents
 	// The index (index.go), off the Go heap: records (record 0 is the LRU list's
 	// sentinel), key blocks of objects in extents of their own, and the hash table.
-	recs pool[record]
-	keys pool[keyBlock]
-	tab  table
+	recs offheap.Pool[record]
+	keys offheap.Pool[keyBlock]
+	tab  offheap.Table
 	lruN int
 	// owner maps an allocated extent's first unit to its object's record index, or
 	// to slabOwner|id for a slab: what region eviction evicts to free it.
@@ -168,21 +169,21 @@ func (a *Arena) resetIndexLocked() error {
 	a.settled = map[uint32]chan struct{}{}
 	a.partial = make([]uint32, len(classes))
 	var err error
-	if a.tab, err = newTable(tableMinSlots); err != nil {
-		return err
+	if a.tab, err = offheap.NewTable(); err != nil {
+		return indexErr(err)
 	}
-	if _, err := a.recs.alloc(); err != nil { // record 0: the LRU list's sentinel
-		a.tab.close()
-		return err
+	if _, err := a.recs.Alloc(); err != nil { // record 0: the LRU list's sentinel
+		a.tab.Close()
+		return indexErr(err)
 	}
 	return nil
 }
 
 // closeIndexLocked unmaps the index.
 func (a *Arena) closeIndexLocked() {
-	a.recs.close()
-	a.keys.close()
-	a.tab.close()
+	a.recs.Close()
+	a.keys.Close()
+	a.tab.Close()
 	a.slabs, a.freeSlabs, a.lruN = nil, nil, 0
 }
 
@@ -235,7 +236,7 @@ func (a *Arena) unmapLocked() error {
 }
 
 // rec is record i.
-func (a *Arena) rec(i uint32) *record { return a.recs.get(i) }
+func (a *Arena) rec(i uint32) *record { return a.recs.Get(i) }
 
 // spanOf is the space r holds: its slot, or its extent.
 func (a *Arena) spanOf(r *record) int64 {
@@ -257,25 +258,10 @@ func leasesOf(r *record) uint32 {
 
 // lookupLocked is the record of the indexed object key, 0 when there is none.
 func (a *Arena) lookupLocked(key string, h uint64) uint32 {
-	if idx := a.probe(a.tab.slots, a.tab.mask, key, h); idx != 0 || a.tab.old == nil {
-		return idx
-	}
-	return a.probe(a.tab.old, a.tab.oldMask, key, h)
-}
-
-// probe looks key up in one table's slots.
-func (a *Arena) probe(slots []uint64, mask uint64, key string, h uint64) uint32 {
-	for i := h & mask; ; i = (i + 1) & mask {
-		s := slots[i]
-		if s == 0 {
-			return 0
-		}
-		if idx := uint32(s); idx != 0 && uint32(s>>32) == uint32(h) { // idx 0: a tombstone
-			if r := a.rec(idx); r.hash == h && int(r.keyLen) == len(key) && a.keyEqual(r, key) {
-				return idx
-			}
-		}
-	}
+	return a.tab.Find(uint32(h), func(idx uint32) bool {
+		r := a.rec(idx)
+		return r.hash == h && int(r.keyLen) == len(key) && a.keyEqual(r, key)
+	})
 }
 
 // keyEqual reports whether r's key is key, comparing the stored bytes.
@@ -285,7 +271,7 @@ func (a *Arena) keyEqual(r *record, key string) bool {
 		return string(k) == key
 	}
 	for b := r.ref; len(key) > 0; {
-		kb := a.keys.get(b - 1)
+		kb := a.keys.Get(b - 1)
 		n := min(len(key), keyBlockData)
 		if string(kb.data[:n]) != key[:n] {
 			return false
@@ -302,7 +288,7 @@ func (a *Arena) keyString(r *record) string {
 	}
 	k := make([]byte, 0, r.keyLen)
 	for b := r.ref; b != 0; {
-		kb := a.keys.get(b - 1)
+		kb := a.keys.Get(b - 1)
 		n := min(int(r.keyLen)-len(k), keyBlockData)
 		k = append(k, kb.data[:n]...)
 		b = kb.next
@@ -314,18 +300,18 @@ func (a *Arena) keyString(r *record) string {
 func (a *Arena) storeKeyBlocks(key string) (uint32, error) {
 	var first, last uint32
 	for len(key) > 0 {
-		b, err := a.keys.alloc()
+		b, err := a.keys.Alloc()
 		if err != nil {
 			a.freeKeyBlocks(first)
-			return 0, err
+			return 0, indexErr(err)
 		}
-		kb := a.keys.get(b)
+		kb := a.keys.Get(b)
 		n := copy(kb.data[:], key)
 		key = key[n:]
 		if last == 0 {
 			first = b + 1
 		} else {
-			a.keys.get(last - 1).next = b + 1
+			a.keys.Get(last - 1).next = b + 1
 		}
 		last = b + 1
 	}
@@ -334,8 +320,8 @@ func (a *Arena) storeKeyBlocks(key string) (uint32, error) {
 
 func (a *Arena) freeKeyBlocks(b uint32) {
 	for b != 0 {
-		next := a.keys.get(b - 1).next
-		a.keys.release(b - 1)
+		next := a.keys.Get(b - 1).next
+		a.keys.Release(b - 1)
 		b = next
 	}
 }
@@ -366,14 +352,15 @@ func (a *Arena) placeLocked(key string, h, format uint64, size int64, class int)
 		}
 		ref = kb
 	}
-	idx, err := a.recs.alloc()
+	idx, err := a.recs.Alloc()
 	if err == nil {
-		err = a.tab.insert(idx, h)
+		err = a.tab.Insert(idx, uint32(h))
 		if err != nil {
-			a.recs.release(idx)
+			a.recs.Release(idx)
 		}
 	}
 	if err != nil {
+		err = indexErr(err)
 		if class >= 0 {
 			a.slotFreeLocked(ref-1, off)
 		} else {
@@ -404,7 +391,7 @@ func (a *Arena) placeLocked(key string, h, format uint64, size int64, class int)
 // unindexLocked takes a committed object out of the index and the LRU list.
 func (a *Arena) unindexLocked(idx uint32) {
 	r := a.rec(idx)
-	a.tab.remove(idx, r.hash)
+	a.tab.Remove(idx, uint32(r.hash))
 	a.lruRemove(idx)
 	r.state = gone
 	a.committed--
@@ -432,7 +419,7 @@ func (a *Arena) freeLocked(idx uint32) {
 	}
 	a.held -= span
 	*r = record{state: freed}
-	a.recs.release(idx)
+	a.recs.Release(idx)
 }
 
 // usedLocked is the bytes objects hold, in extents of their own or in slots: the

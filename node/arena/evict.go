@@ -59,7 +59,7 @@ func (a *Arena) evictToLow() {
 	var n, bytes int64
 	// Victims read during OnEvict go back to the front; the budget ends a pass
 	// that readers keep defeating, until the next Commit or Release wakes it.
-	budget := 2*int64(a.recs.live) + 2
+	budget := 2*int64(a.recs.Live()) + 2
 	for ; !a.closed && a.usedLocked()-a.inflightBytes > a.low; budget-- {
 		v := a.lruBack()
 		if v == 0 || budget == 0 {

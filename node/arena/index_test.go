@@ -4,79 +4,7 @@ import (
 	"hash/maphash"
 	"testing"
 	"unsafe"
-
-	"pgregory.net/rapid"
 )
-
-// TestTableModel checks the hash table against a map under inserts and removes
-// whose hashes share a few home slots, so that long probe runs form, wrap around
-// the end, and are mended by backward-shift deletion, across growth.
-func TestTableModel(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
-		tab, err := newTable(tableMinSlots)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tab.close()
-		model := map[uint32]uint64{} // record index → hash
-		next := uint32(1)
-		t.Repeat(map[string]func(*rapid.T){
-			"insert": func(t *rapid.T) {
-				if len(model) > 900 { // past 768 entries the table has doubled
-					t.Skip("large enough: the table has grown")
-				}
-				n := rapid.IntRange(1, 100).Draw(t, "n")
-				for range n {
-					// A few homes near the end of the table, so that runs wrap,
-					// or anywhere.
-					h := rapid.Uint64().Draw(t, "hash")
-					if rapid.Bool().Draw(t, "clustered") {
-						h = rapid.SampledFrom([]uint64{0, 1, 2, 1020, 1022, 1023, 5000}).Draw(t, "home")
-						h |= uint64(next) << 40 // high bits: the record's own
-					}
-					if err := tab.insert(next, h); err != nil {
-						t.Fatal(err)
-					}
-					model[next] = h
-					next++
-				}
-			},
-			"remove": func(t *rapid.T) {
-				if len(model) == 0 {
-					t.Skip("empty")
-				}
-				for idx, h := range model { // any one
-					tab.remove(idx, h)
-					delete(model, idx)
-					break
-				}
-			},
-			"": func(t *rapid.T) {
-				if tab.n != len(model) || tab.n*4 > len(tab.slots)*3 || tab.old != nil && tab.n > len(tab.slots) {
-					t.Fatalf("table counts %d in %d slots, model %d", tab.n, len(tab.slots), len(model))
-				}
-				// Every entry is reachable from its home slot without crossing an
-				// empty slot, which is what lookups rely on, in the new table or
-				// in the old one while it is migrated.
-				for idx, h := range model {
-					if pos, _ := tab.find(idx, h); pos < 0 {
-						t.Fatalf("record %d (hash %#x) is not reachable from its home", idx, h)
-					}
-				}
-				n := 0
-				tab.entries(func(s uint64) {
-					n++
-					if h, ok := model[uint32(s)]; !ok || s>>32 != h&(1<<32-1) {
-						t.Fatalf("slot %#x: not in the model, or under other hash bits", s)
-					}
-				})
-				if n != len(model) {
-					t.Fatalf("%d entries in the tables, %d in the model", n, len(model))
-				}
-			},
-		})
-	})
-}
 
 // TestLookupComparesKeys: a key that shares another's hash is not found as it,
 // so a collision never serves a foreign object. Both places a key lies are

@@ -190,10 +190,10 @@ func (a *Arena) slabObjects(id uint32, fn func(idx uint32) bool) {
 	for slot := range int64(s.carved) {
 		off := s.off + slot*s.slot
 		idx := binary.LittleEndian.Uint32(a.mem[off+s.slot-slotIndexBytes:])
-		if idx == 0 || idx >= a.recs.n {
+		if idx == 0 || idx >= a.recs.Len() {
 			continue
 		}
-		r := a.recs.get(idx)
+		r := a.recs.Get(idx)
 		if r.state != freed && r.flags&flagSlab != 0 && r.ref == id+1 && r.off == off {
 			if !fn(idx) {
 				return

@@ -73,7 +73,7 @@ func (a *Arena) Stats() Stats {
 		LeasedObjects:     a.leased,
 		Leases:            a.leases,
 		Slabs:             int64(len(a.slabs) - len(a.freeSlabs)),
-		IndexBytes:        a.recs.bytes() + a.keys.bytes() + a.tab.bytes(),
+		IndexBytes:        a.recs.Bytes() + a.keys.Bytes() + a.tab.Bytes(),
 		FreeExtents:       int64(a.ext.FreeExtents()),
 		LargestFreeExtent: a.ext.LargestFree() * a.unit,
 		Fragmentation:     a.ext.Fragmentation(),
@@ -110,7 +110,7 @@ func (a *Arena) Check() error {
 	a.ext.Allocated(func(off, n int64) bool { allocated[off] = n; return true })
 	var nCommitted, committedBytes, pendingN, pendingBytes, leases, leased, inflight, inflightBytes, held, lruWant, indexed int64
 	slabUsed := map[uint32]uint32{}
-	for idx := uint32(1); idx < a.recs.n; idx++ {
+	for idx := uint32(1); idx < a.recs.Len(); idx++ {
 		r := a.rec(idx)
 		if r.state == freed {
 			continue
@@ -189,18 +189,18 @@ func (a *Arena) Check() error {
 			}
 		}
 	}
-	if int64(a.tab.n) != indexed {
-		bad("hash table holds %d records, %d are indexed", a.tab.n, indexed)
+	if int64(a.tab.Len()) != indexed {
+		bad("hash table holds %d records, %d are indexed", a.tab.Len(), indexed)
 	}
 	n := 0
-	a.tab.entries(func(s uint64) {
+	a.tab.Entries(func(idx, bits uint32) {
 		n++
-		if idx := uint32(s); idx >= a.recs.n || uint32(a.rec(idx).hash) != uint32(s>>32) {
+		if idx >= a.recs.Len() || uint32(a.rec(idx).hash) != bits {
 			bad("hash table holds record %d under another hash", idx)
 		}
 	})
-	if n != a.tab.n {
-		bad("hash table has %d slots in use, counts %d", n, a.tab.n)
+	if n != a.tab.Len() {
+		bad("hash table has %d slots in use, counts %d", n, a.tab.Len())
 	}
 	var walked int64
 	for i := a.rec(0).next; i != 0; i = a.rec(i).next {
@@ -209,7 +209,7 @@ func (a *Arena) Check() error {
 			bad("LRU list entry %d is not linked right", i)
 			break
 		}
-		if walked++; walked > int64(a.recs.n) {
+		if walked++; walked > int64(a.recs.Len()) {
 			bad("LRU list longer than the records: a cycle")
 			break
 		}

@@ -64,7 +64,7 @@ func (a *Arena) Reserve(key string, format uint64, size int64) (*Pending, error)
 	// Each eviction tried frees its victim or, if it was read during OnEvict,
 	// moves it to the front; trying twice as many as there are objects is more
 	// than enough to go round.
-	budget := 2*int64(a.recs.live) + 2
+	budget := 2*int64(a.recs.Live()) + 2
 	lruTries := 0
 	for {
 		if a.closed {
@@ -215,7 +215,7 @@ func (a *Arena) pendingWrite(key string) <-chan struct{} {
 // dropLocked takes a pending object out of the index and frees its space.
 func (a *Arena) dropLocked(idx uint32) {
 	r := a.rec(idx)
-	a.tab.remove(idx, r.hash)
+	a.tab.Remove(idx, uint32(r.hash))
 	r.state = gone
 	a.freeLocked(idx)
 }

@@ -94,8 +94,8 @@ func TestIndexModel(t *testing.T) {
 				}
 			},
 			"": func(t *rapid.T) {
-				if x.n != len(model) || x.tab.n != len(model) || x.tab.n*4 > len(x.tab.slots)*3 {
-					t.Fatalf("index counts %d (table %d in %d slots), model %d", x.n, x.tab.n, len(x.tab.slots), len(model))
+				if x.n != len(model) || x.tab.Len() != len(model) || x.tab.Len()*4 > x.tab.Slots()*3 {
+					t.Fatalf("index counts %d (table %d in %d slots), model %d", x.n, x.tab.Len(), x.tab.Slots(), len(model))
 				}
 				for i := range pool {
 					for _, c := range []bool{false, true} {
