@@ -3,15 +3,13 @@ package arena
 import (
 	"fmt"
 	"log/slog"
-	"os"
 	"runtime"
-	"runtime/metrics"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/stratakv/strata/hostmem"
+	"github.com/stratakv/strata/internal/memstat"
 )
 
 // Benchmarks of many small objects: the metadata each costs the service and the
@@ -50,33 +48,14 @@ func sparseArena(b *testing.B, size int64) *Arena {
 	return a
 }
 
-// rssBytes is the process's resident memory.
-func rssBytes() int64 {
-	b, err := os.ReadFile("/proc/self/statm")
+// rssBytes is the process's resident memory; a benchmark that cannot read it
+// states nothing.
+func rssBytes(b *testing.B) int64 {
+	n, err := memstat.RSSBytes()
 	if err != nil {
-		return 0
+		b.Fatal(err)
 	}
-	f := strings.Fields(string(b))
-	if len(f) < 2 {
-		return 0
-	}
-	pages, _ := strconv.ParseInt(f[1], 10, 64)
-	return pages * int64(os.Getpagesize())
-}
-
-// gcCPUSeconds is the CPU time the garbage collector has spent so far.
-func gcCPUSeconds() float64 {
-	s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
-	metrics.Read(s)
-	return s[0].Value.Float64()
-}
-
-// heapInuse is the Go heap in use after a full collection.
-func heapInuse() int64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return int64(ms.HeapInuse)
+	return n
 }
 
 // BenchmarkObjectMemory stores 1M and 10M small objects and states what each
@@ -95,7 +74,7 @@ func BenchmarkObjectMemory(b *testing.B) {
 		b.Run(fmt.Sprintf("objects=%dM", n/1_000_000), func(b *testing.B) {
 			for b.Loop() {
 				b.StopTimer()
-				heap0, rss0 := heapInuse(), rssBytes()
+				heap0, rss0 := memstat.HeapInuse(), rssBytes(b)
 				b.StartTimer()
 				// Room for every object rounded up to 4 KiB: the arena is sparse,
 				// so only what the objects touch costs memory.
@@ -112,12 +91,12 @@ func BenchmarkObjectMemory(b *testing.B) {
 					}
 				}
 				b.StopTimer()
-				heap1, rss1 := heapInuse(), rssBytes()
-				gc0 := gcCPUSeconds()
+				heap1, rss1 := memstat.HeapInuse(), rssBytes(b)
+				gc0 := memstat.GCCPUSeconds()
 				start := time.Now()
 				runtime.GC()
 				gcWall := time.Since(start)
-				gcCPU := gcCPUSeconds() - gc0
+				gcCPU := memstat.GCCPUSeconds() - gc0
 				st := a.Stats()
 				if st.Objects != int64(n) {
 					b.Fatalf("%d objects stored, want %d", st.Objects, n)

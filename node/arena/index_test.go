@@ -4,6 +4,8 @@ import (
 	"hash/maphash"
 	"testing"
 	"unsafe"
+
+	"github.com/stratakv/strata/internal/memstat"
 )
 
 // TestLookupComparesKeys: a key that shares another's hash is not found as it,
@@ -37,12 +39,12 @@ func TestLookupComparesKeys(t *testing.T) {
 func TestIndexStaysOffTheGoHeap(t *testing.T) {
 	const n = 200_000
 	a := newArena(t, testConfig(t, 64<<20))
-	heap0 := heapInuse()
+	heap0 := memstat.HeapInuse()
 	buf := make([]byte, 0, 80)
 	for i := range n {
 		put(t, a, string(smallKey(buf, i)), 1, int(smallSize(i)))
 	}
-	grew := heapInuse() - heap0
+	grew := memstat.HeapInuse() - heap0
 	st := a.Stats()
 	t.Logf("%d objects: Go heap grew %d bytes, the index maps %d bytes (%.1f per object), objects use %.1f bytes each",
 		n, grew, st.IndexBytes, float64(st.IndexBytes)/n, float64(st.UsedBytes)/n)

@@ -2,43 +2,22 @@ package spill
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"runtime"
-	"runtime/metrics"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/stratakv/strata/internal/memstat"
 )
 
-// rssBytes is the process's resident memory.
-func rssBytes() int64 {
-	b, err := os.ReadFile("/proc/self/statm")
+// rssBytes is the process's resident memory; a benchmark that cannot read it
+// states nothing.
+func rssBytes(b *testing.B) int64 {
+	n, err := memstat.RSSBytes()
 	if err != nil {
-		return 0
+		b.Fatal(err)
 	}
-	f := strings.Fields(string(b))
-	if len(f) < 2 {
-		return 0
-	}
-	pages, _ := strconv.ParseInt(f[1], 10, 64)
-	return pages * int64(os.Getpagesize())
-}
-
-// gcCPUSeconds is the CPU time the garbage collector has spent so far.
-func gcCPUSeconds() float64 {
-	s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}}
-	metrics.Read(s)
-	return s[0].Value.Float64()
-}
-
-// heapInuse is the Go heap in use after a full collection.
-func heapInuse() int64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return int64(ms.HeapInuse)
+	return n
 }
 
 // fillIndex indexes n objects of 1 KiB in segments of 256 MiB, as puts would
@@ -100,19 +79,19 @@ func BenchmarkIndexMemory(b *testing.B) {
 			s := open(b, cfg)
 			for b.Loop() {
 				b.StopTimer()
-				heap0, rss0 := heapInuse(), rssBytes()
+				heap0, rss0 := memstat.HeapInuse(), rssBytes(b)
 				b.StartTimer()
 				segs := fillIndex(b, s, n)
 				b.StopTimer()
-				heap1, rss1 := heapInuse(), rssBytes()
+				heap1, rss1 := memstat.HeapInuse(), rssBytes(b)
 				// The best of 5 collections: one alone swings with whatever
 				// else the machine runs.
 				gcWall, gcCPU := time.Duration(1<<62), 1e9
 				for range 5 {
-					gc0 := gcCPUSeconds()
+					gc0 := memstat.GCCPUSeconds()
 					start := time.Now()
 					runtime.GC()
-					gcWall, gcCPU = min(gcWall, time.Since(start)), min(gcCPU, gcCPUSeconds()-gc0)
+					gcWall, gcCPU = min(gcWall, time.Since(start)), min(gcCPU, memstat.GCCPUSeconds()-gc0)
 				}
 				st := s.Stats()
 				if st.Objects != int64(n) {
