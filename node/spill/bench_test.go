@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stratakv/strata/internal/benchpeer"
+	"github.com/stratakv/strata/internal/vecio"
 	"github.com/stratakv/strata/storage"
 	"github.com/stratakv/strata/storage/file"
 )
@@ -77,7 +78,7 @@ func BenchmarkSpillWrite(b *testing.B) {
 					b.Fatal(err)
 				}
 				for off := 0; off < batch; off += 4 << 20 {
-					if _, err := pwritev(fd, [][]byte{mem[off : off+4<<20]}, int64(off)); err != nil {
+					if _, err := vecio.Pwritev(fd, [][]byte{mem[off : off+4<<20]}, int64(off)); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -155,7 +156,7 @@ func BenchmarkSpillRead(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { _ = unix.Close(fd) })
-			if _, err := pwritev(fd, [][]byte{src}, 0); err != nil {
+			if _, err := vecio.Pwritev(fd, [][]byte{src}, 0); err != nil {
 				b.Fatal(err)
 			}
 

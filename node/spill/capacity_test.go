@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stratakv/strata/internal/vecio"
 	"github.com/stratakv/strata/storage"
 )
 
@@ -100,7 +101,7 @@ func TestNoSpaceDropsOldestAndRetries(t *testing.T) {
 		if full.Add(-1) >= 0 {
 			return 0, unix.ENOSPC
 		}
-		return pwritev(fd, iovs, off)
+		return vecio.Pwritev(fd, iovs, off)
 	}
 	s.mu.Unlock()
 	put(t, s, "small", data(30_000, 100))  // staged: the writer retries
@@ -127,7 +128,7 @@ func TestWriteFault(t *testing.T) {
 		if fail.Load() {
 			return 0, unix.EIO
 		}
-		return pwritev(fd, iovs, off)
+		return vecio.Pwritev(fd, iovs, off)
 	}
 	s.mu.Unlock()
 	put(t, s, "staged", data(10_000, 1))

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/stratakv/strata/internal/vecio"
 	"github.com/stratakv/strata/storage"
 )
 
@@ -94,3 +95,6 @@ func (s *Store) flush() {
 		s.cond.Wait()
 	}
 }
+
+// alignedBytes is n bytes at a block-aligned address, as the arena's objects are.
+func alignedBytes(n int64) []byte { return vecio.AlignedBytes(int(n), block) }

@@ -11,6 +11,7 @@ import (
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
 
+	"github.com/stratakv/strata/internal/vecio"
 	"github.com/stratakv/strata/storage"
 )
 
@@ -210,10 +211,7 @@ func preadvFull(fd int, iovs [][]byte, off int64) (int, error) {
 	iovs = append([][]byte(nil), iovs...)
 	done := 0
 	for len(iovs) > 0 {
-		n, err := unix.Preadv(fd, iovs, off+int64(done))
-		if err == unix.EINTR {
-			continue
-		}
+		n, err := vecio.Preadv(fd, iovs, off+int64(done))
 		if err != nil {
 			return done, err
 		}
@@ -221,7 +219,7 @@ func preadvFull(fd int, iovs [][]byte, off int64) (int, error) {
 			return done, io.ErrUnexpectedEOF
 		}
 		done += n
-		iovs = advance(iovs, n)
+		iovs = vecio.Advance(iovs, n)
 	}
 	return done, nil
 }

@@ -39,6 +39,7 @@ import (
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
 
+	"github.com/stratakv/strata/internal/vecio"
 	"github.com/stratakv/strata/storage"
 )
 
@@ -245,7 +246,7 @@ const lockName = "spill.lock"
 // same segment files would destroy each other's objects.
 func lockDir(dir string) (int, error) {
 	path := dir + "/" + lockName
-	fd, err := openRetry(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+	fd, err := vecio.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
 	if err != nil {
 		return -1, fmt.Errorf("spill: cannot create %s (%v); give this user write permission on the directory, or point --spill-dir at one it can write: %w", path, err, storage.ErrConfig)
 	}
@@ -458,7 +459,7 @@ func dioAlignment(fd int, direct bool) (offset, mem int64) {
 func (s *Store) openSegment(path string, flags int) (int, error) {
 	flags |= unix.O_CLOEXEC
 	if s.direct {
-		fd, err := openRetry(path, flags|unix.O_DIRECT, 0o644)
+		fd, err := vecio.Open(path, flags|unix.O_DIRECT, 0o644)
 		if err != unix.EINVAL {
 			return fd, err
 		}
@@ -467,16 +468,7 @@ func (s *Store) openSegment(path string, flags int) (int, error) {
 		}
 		s.directRefused(path, err)
 	}
-	return openRetry(path, flags, 0o644)
-}
-
-func openRetry(path string, flags int, mode uint32) (int, error) {
-	for {
-		fd, err := unix.Open(path, flags, mode)
-		if err != unix.EINTR {
-			return fd, err
-		}
-	}
+	return vecio.Open(path, flags, 0o644)
 }
 
 // directRefused turns O_DIRECT off; s.mu is held or the store is being built.

@@ -11,6 +11,7 @@ import (
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
 
+	"github.com/stratakv/strata/internal/vecio"
 	"github.com/stratakv/strata/storage"
 )
 
@@ -484,7 +485,7 @@ func (s *Store) writeAll(fd int, iovs [][]byte, off int64) error {
 		if s.pwritev != nil {
 			n, err = s.pwritev(fd, batch, off)
 		} else {
-			n, err = pwritev(fd, batch, off)
+			n, err = vecio.Pwritev(fd, batch, off)
 		}
 		if err != nil {
 			return err
@@ -493,34 +494,9 @@ func (s *Store) writeAll(fd int, iovs [][]byte, off int64) error {
 			return io.ErrShortWrite
 		}
 		off += int64(n)
-		iovs = advance(iovs, n)
+		iovs = vecio.Advance(iovs, n)
 	}
 	return nil
-}
-
-func pwritev(fd int, iovs [][]byte, off int64) (int, error) {
-	for {
-		n, err := unix.Pwritev(fd, iovs, off)
-		if err != unix.EINTR {
-			return n, err
-		}
-	}
-}
-
-// advance drops the first n bytes of iovs.
-func advance(iovs [][]byte, n int) [][]byte {
-	for n > 0 && len(iovs) > 0 {
-		if n < len(iovs[0]) {
-			iovs[0] = iovs[0][n:]
-			return iovs
-		}
-		n -= len(iovs[0])
-		iovs = iovs[1:]
-	}
-	for len(iovs) > 0 && len(iovs[0]) == 0 {
-		iovs = iovs[1:]
-	}
-	return iovs
 }
 
 // writeDirect writes a record larger than a write buffer straight from the
@@ -613,7 +589,7 @@ func (s *Store) getScratch(n int64) *[]byte {
 		*b = (*b)[:n]
 		return b
 	}
-	b := alignedBytes(int64(1) << c)
+	b := vecio.AlignedBytes(1<<c, block)
 	b = b[:n]
 	return &b
 }
@@ -622,10 +598,4 @@ func (s *Store) putScratch(b *[]byte) {
 	c := sizeClass(int64(cap(*b)))
 	*b = (*b)[:cap(*b)]
 	s.scratch[c].Put(b)
-}
-
-func alignedBytes(n int64) []byte {
-	raw := make([]byte, n+block)
-	skip := (block - int64(uintptr(unsafe.Pointer(unsafe.SliceData(raw))))%block) % block
-	return raw[skip : skip+n : skip+n]
 }

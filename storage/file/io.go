@@ -10,6 +10,7 @@ import (
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
 
+	"github.com/stratakv/strata/internal/vecio"
 	"github.com/stratakv/strata/kvlayout"
 	"github.com/stratakv/strata/storage"
 )
@@ -150,21 +151,13 @@ type pending struct {
 	off   int64
 }
 
-func newIOBuf() *ioBuf { return &ioBuf{hdr: alignedBytes(headerSize)} }
+func newIOBuf() *ioBuf { return &ioBuf{hdr: vecio.AlignedBytes(headerSize, blockSize)} }
 
 func (b *ioBuf) bounceBuf() []byte {
 	if b.bounce == nil {
-		b.bounce = alignedBytes(bounceBytes)
+		b.bounce = vecio.AlignedBytes(bounceBytes, blockSize)
 	}
 	return b.bounce
-}
-
-// alignedBytes returns n bytes at a blockSize-aligned address. The Go heap does not
-// move objects, so the alignment holds for the slice's life.
-func alignedBytes(n int) []byte {
-	raw := make([]byte, n+blockSize)
-	skip := (blockSize - int(uintptr(unsafe.Pointer(unsafe.SliceData(raw)))%blockSize)) % blockSize
-	return raw[skip : skip+n : skip+n]
 }
 
 // writeFile writes the header block b.hdr and the body to fd from offset 0. Under
@@ -304,7 +297,7 @@ func readFile(fd int, b *ioBuf, size int64, direct bool) error {
 func pwritevAll(fd int, iovs [][]byte, off int64) error {
 	for len(iovs) > 0 {
 		batch := iovs[:min(len(iovs), maxIovecs)]
-		n, err := pwritev(fd, batch, off)
+		n, err := vecio.Pwritev(fd, batch, off)
 		if err != nil {
 			return err
 		}
@@ -312,7 +305,7 @@ func pwritevAll(fd int, iovs [][]byte, off int64) error {
 			return io.ErrShortWrite
 		}
 		off += int64(n)
-		iovs = advance(iovs, n)
+		iovs = vecio.Advance(iovs, n)
 	}
 	return nil
 }
@@ -322,7 +315,7 @@ func pwritevAll(fd int, iovs [][]byte, off int64) error {
 func preadvFull(fd int, iovs [][]byte, off, want int64) error {
 	for want > 0 {
 		batch := iovs[:min(len(iovs), maxIovecs)]
-		n, err := preadv(fd, batch, off)
+		n, err := vecio.Preadv(fd, batch, off)
 		if err != nil {
 			return err
 		}
@@ -331,44 +324,9 @@ func preadvFull(fd int, iovs [][]byte, off, want int64) error {
 		}
 		off += int64(n)
 		want -= int64(n)
-		iovs = advance(iovs, n)
+		iovs = vecio.Advance(iovs, n)
 	}
 	return nil
-}
-
-// advance drops the first n bytes of iovs. It may shorten iovs[0] in place, which
-// callers allow: every iovs slice is scratch built per call.
-func advance(iovs [][]byte, n int) [][]byte {
-	for n > 0 && len(iovs) > 0 {
-		if n < len(iovs[0]) {
-			iovs[0] = iovs[0][n:]
-			return iovs
-		}
-		n -= len(iovs[0])
-		iovs = iovs[1:]
-	}
-	for len(iovs) > 0 && len(iovs[0]) == 0 {
-		iovs = iovs[1:]
-	}
-	return iovs
-}
-
-func pwritev(fd int, iovs [][]byte, off int64) (int, error) {
-	for {
-		n, err := unix.Pwritev(fd, iovs, off)
-		if err != unix.EINTR {
-			return n, err
-		}
-	}
-}
-
-func preadv(fd int, iovs [][]byte, off int64) (int, error) {
-	for {
-		n, err := unix.Preadv(fd, iovs, off)
-		if err != unix.EINTR {
-			return n, err
-		}
-	}
 }
 
 func retryEINTR(f func() error) error {

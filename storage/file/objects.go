@@ -8,6 +8,7 @@ import (
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
 
+	"github.com/stratakv/strata/internal/vecio"
 	"github.com/stratakv/strata/storage"
 )
 
@@ -156,7 +157,7 @@ func (s *Store) RemoveObject(ctx context.Context, name string) (bool, error) {
 // is damaged, or whose length disagrees with it, is removed as corrupt.
 func (s *Store) readHeader(rel string) (header, error) {
 	path := s.path(rel)
-	fd, err := openFile(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err := vecio.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err == unix.ENOENT {
 		s.idx.forget(rel)
 		return header{}, fmt.Errorf("file store: object %s: %w", rel, storage.ErrNotFound)

@@ -36,6 +36,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stratakv/strata/hostmem"
+	"github.com/stratakv/strata/internal/vecio"
 	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 	"github.com/stratakv/strata/storage"
@@ -450,7 +451,7 @@ func (s *Store) tempName(name string) string {
 func (s *Store) open(path string, flags int, mode uint32) (fd int, direct bool, err error) {
 	flags |= unix.O_CLOEXEC
 	if s.direct.Load() {
-		fd, err = openFile(path, flags|unix.O_DIRECT, mode)
+		fd, err = vecio.Open(path, flags|unix.O_DIRECT, mode)
 		if err != unix.EINVAL {
 			return fd, err == nil, err
 		}
@@ -460,17 +461,8 @@ func (s *Store) open(path string, flags int, mode uint32) (fd int, direct bool, 
 		}
 		s.directRefused(path, err)
 	}
-	fd, err = openFile(path, flags, mode)
+	fd, err = vecio.Open(path, flags, mode)
 	return fd, false, err
-}
-
-func openFile(path string, flags int, mode uint32) (int, error) {
-	for {
-		fd, err := unix.Open(path, flags, mode)
-		if err != unix.EINTR {
-			return fd, err
-		}
-	}
 }
 
 // directRefused turns O_DIRECT off for the store, logging the first time.
@@ -503,7 +495,7 @@ const (
 // part in the pool's format. A corrupt file is removed and is absent.
 func (s *Store) probe(o objSpec, rel, name string, b *ioBuf) (presence, error) {
 	path := s.path(rel)
-	fd, err := openFile(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err := vecio.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err == unix.ENOENT {
 		s.idx.forget(rel)
 		return absent, nil
@@ -784,7 +776,7 @@ func renameNoReplace(from, to string) error {
 
 // syncDir flushes directory dir, so that a rename in it survives a crash.
 func syncDir(dir string) error {
-	fd, err := openFile(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	fd, err := vecio.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
