@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -74,6 +75,9 @@ func TestRunNodeSmallObjects(t *testing.T) {
 	}
 	if rep.PartBytes != 1024 || rep.Shape != "objects-1024" || rep.MismatchedPages != 0 || !(rep.GetGBps > 0) {
 		t.Fatalf("report: shape %s, parts of %d, %d mismatched, get %v GB/s", rep.Shape, rep.PartBytes, rep.MismatchedPages, rep.GetGBps)
+	}
+	if !slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "memcpy ratio is low by nature") }) {
+		t.Errorf("no note on what the memcpy ratio means for small objects: %q", rep.Notes)
 	}
 	if !withRedis {
 		return
