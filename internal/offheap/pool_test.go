@@ -9,7 +9,9 @@ import (
 
 // elem is a 48-byte pointer-free element, the size of the node's records.
 type elem struct {
-	a, b, c, d, e, f uint64
+	a uint64
+	_ [4]uint64
+	f uint64
 }
 
 // TestPool: Alloc hands out indexes 0, 1, 2, ... and zeroed elements, reuses
