@@ -289,7 +289,10 @@ func (c *Cache) FreeDevice(pages []pool.PageID) error {
 // included), starting with r.DevicePages. The cache takes the pages of the whole
 // pages it did not have; where it already had a page in another L1 page, it frees
 // the engine's copy. The returned page table (whole pages only) is what the
-// engine uses from now on; the request's lock moves to its new end.
+// engine uses from now on; the request's lock moves to its new end. Pages of
+// it that the cache had may still be being loaded into L1 for another request:
+// Insert adds those loads to r, so the engine calls Wait or WaitLayer (r.Loading
+// tells) before it reads them.
 func (c *Cache) Insert(r *Request, tokens []uint32, pages []pool.PageID) ([]pool.PageID, error) {
 	if err := c.lock(); err != nil {
 		return nil, err

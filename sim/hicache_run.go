@@ -330,6 +330,14 @@ func (h *hicacheRun) insert(a *active) error {
 	if swapped == nil {
 		return nil
 	}
+	// The cache's pages may still be being written by a load another request
+	// started (Insert adds it to the request's loads): an engine waits before it
+	// reads them, and so does the check.
+	if st.r.Loading() {
+		if err := st.r.Wait(context.Background()); err != nil {
+			return fmt.Errorf("load of the cache's pages after an insert: %w", err)
+		}
+	}
 	bad := make([]bool, len(prefix))
 	for i := range h.kv.pools {
 		h.kv.verify(&h.kv.pools[i], a.hs, swapped, len(prefix), bad)
