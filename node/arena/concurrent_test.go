@@ -111,13 +111,14 @@ func TestConcurrentUse(t *testing.T) {
 					held = append(held, l)
 				case r < 84: // a batch read under one lock
 					batch := []string{key, fmt.Sprintf("key-%d", rng.IntN(keys))}
-					ls, errs, err := a.AcquireAll(batch, format)
-					if err != nil {
+					ls, errs := make([]Lease, len(batch)), make([]error, len(batch))
+					if err := a.AcquireInto(batch, format, ls, errs); err != nil {
 						t.Errorf("acquire %q: %v", batch, err)
 						return
 					}
-					for i, l := range ls {
-						if l == nil {
+					for i := range ls {
+						l := &ls[i]
+						if errs[i] != nil {
 							if !errors.Is(errs[i], ErrNotFound) && !errors.Is(errs[i], ErrFormat) {
 								t.Errorf("acquire %s in a batch: %v", batch[i], errs[i])
 							}

@@ -37,31 +37,10 @@ func (a *Arena) Acquire(key string, format uint64) (*Lease, error) {
 	return l, err
 }
 
-// AcquireAll leases the committed objects keys of the given format under one
-// lock, as a batch of Acquire calls would: leases[i] is keys[i]'s lease, or nil
-// with errs[i] saying why (ErrNotFound, ErrFormat). Every lease returned must be
-// released. It fails as a whole only when the arena is closed.
-func (a *Arena) AcquireAll(keys []string, format uint64) (leases []*Lease, errs []error, err error) {
-	hs := make([]uint64, len(keys))
-	for i, k := range keys {
-		hs[i] = maphash.String(a.seed, k)
-	}
-	leases, errs = make([]*Lease, len(keys)), make([]error, len(keys))
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return nil, nil, fmt.Errorf("acquire %d objects: %w", len(keys), ErrClosed)
-	}
-	for i, k := range keys {
-		leases[i], errs[i] = a.acquireLocked(k, hs[i], format)
-	}
-	return leases, errs, nil
-}
-
 // AcquireInto leases the committed objects keys of the given format under one
-// lock, as AcquireAll does, into leases[i] instead of a Lease allocated per key:
-// a batch of small objects spent as much on those allocations as on copying
-// them. When errs[i] is nil, &leases[i] is keys[i]'s lease, to be ended by
+// lock, as a batch of Acquire calls would, into leases[i] instead of a Lease
+// allocated per key: a batch of small objects spent as much on those
+// allocations as on copying them. When errs[i] is nil, &leases[i] is keys[i]'s lease, to be ended by
 // ReleaseAll or its own Release; otherwise errs[i] says why (ErrNotFound,
 // ErrFormat) and leases[i] holds nothing. leases and errs need len(keys)
 // elements; what they held before is overwritten, so a caller can reuse them
