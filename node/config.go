@@ -143,6 +143,15 @@ type hooks struct {
 	// beforeRemoteGet runs when a get asks Redis for the objects the local tiers
 	// missed.
 	beforeRemoteGet func()
+	// promoting runs when a get has read key's object from the spill into the
+	// arena and is about to commit it there.
+	promoting func(key string)
+	// writingThrough runs when the write-through to Redis has leased the
+	// objects of keys from the arena, before it sends them.
+	writingThrough func(keys []string)
+	// spilling runs when the arena evicts key, before the spill stores it:
+	// until it returns, the eviction is in flight.
+	spilling func(key string)
 }
 
 func (s *Server) hookReserved(key string) {

@@ -33,10 +33,14 @@ type remoteTier struct {
 	cond        *sync.Cond
 	queue       []remoteJob
 	queuedBytes int64
-	closed      bool
-	wg          sync.WaitGroup
-	ctx         context.Context
-	cancel      context.CancelFunc
+	// writing counts, by key, the write-throughs taken off the queue and not
+	// yet finished: a remove waits for them (remove) on writeDone.
+	writing   map[string]int
+	writeDone *sync.Cond
+	closed    bool
+	wg        sync.WaitGroup
+	ctx       context.Context
+	cancel    context.CancelFunc
 
 	written, writeFailed, dropped, hits, misses, faults atomic.Int64
 }
@@ -51,8 +55,9 @@ type remoteJob struct {
 const remoteBatch = 64
 
 func newRemoteTier(s *Server, cfg redisstore.Config) *remoteTier {
-	r := &remoteTier{s: s, cfg: cfg}
+	r := &remoteTier{s: s, cfg: cfg, writing: map[string]int{}}
 	r.cond = sync.NewCond(&r.mu)
+	r.writeDone = sync.NewCond(&r.mu)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.wg.Add(3)
 	go r.connect()
@@ -98,6 +103,7 @@ func (r *remoteTier) close() {
 	r.mu.Lock()
 	r.closed = true
 	r.cond.Broadcast()
+	r.writeDone.Broadcast()
 	r.mu.Unlock()
 	r.wg.Wait()
 	if st := r.store.Load(); st != nil {
@@ -135,10 +141,38 @@ func (r *remoteTier) writer() {
 		r.queue = r.queue[n:]
 		for _, j := range jobs {
 			r.queuedBytes -= j.size
+			r.writing[j.key]++
 		}
 		r.mu.Unlock()
 		r.write(jobs)
+		r.mu.Lock()
+		for _, j := range jobs {
+			if r.writing[j.key]--; r.writing[j.key] == 0 {
+				delete(r.writing, j.key)
+			}
+		}
+		r.writeDone.Broadcast()
+		r.mu.Unlock()
 	}
+}
+
+// remove removes key's object from Redis once no write-through of it is in
+// flight: one that read the object from the arena before the remove took it
+// out would otherwise store it in Redis again after the remove. A write
+// queued but not started finds the arena without the object and is dropped.
+// The service's remove holds the key out of the arena (arena.BeginRemove)
+// meanwhile, so no new write of it can start.
+func (r *remoteTier) remove(ctx context.Context, key string) (bool, error) {
+	r.mu.Lock()
+	for r.writing[key] > 0 && !r.closed {
+		r.writeDone.Wait() // a write is bounded by the request timeout
+	}
+	r.mu.Unlock()
+	st := r.store.Load()
+	if st == nil {
+		return false, nil
+	}
+	return st.RemoveObject(ctx, key)
 }
 
 // write sends jobs to Redis from the arena, leasing each object for the copy.
@@ -161,6 +195,13 @@ func (r *remoteTier) write(jobs []remoteJob) {
 	}
 	if len(objs) == 0 {
 		return
+	}
+	if h := r.s.cfg.hooks; h != nil && h.writingThrough != nil {
+		keys := make([]string, len(objs))
+		for i, o := range objs {
+			keys[i] = o.Name
+		}
+		h.writingThrough(keys)
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, r.s.cfg.RequestTimeout)
 	errs := st.PutObjects(ctx, objs)

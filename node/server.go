@@ -359,6 +359,9 @@ func (s *Server) spillOne(obj arena.Evicted) bool {
 	if s.spill == nil {
 		return false
 	}
+	if h := s.cfg.hooks; h != nil && h.spilling != nil {
+		h.spilling(obj.Key)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.RequestTimeout)
 	defer cancel()
 	if err := s.spill.PutObject(ctx, obj.Key, storage.Format(obj.Format), obj.Bytes); err != nil {

@@ -338,26 +338,12 @@ func (c *session) handleBatch(id uint64, msg wire.Message) {
 		}
 		c.reply(id, wire.TypeExistsReply, wire.ExistsReply{Present: uint32(n)})
 	case *wire.Remove:
-		n := 0
-		for _, k := range m.Keys {
-			removed := s.arena.Remove(k)
-			if s.spill != nil {
-				if had, err := s.spill.RemoveObject(ctx, k); err == nil && had {
-					removed = true
-				}
-			}
-			if s.remote != nil {
-				if st := s.remote.store.Load(); st != nil {
-					if had, err := st.RemoveObject(ctx, k); err == nil && had {
-						removed = true
-					}
-				}
-			}
-			if removed {
-				n++
-			}
-		}
+		n, err := s.remove(ctx, m.Keys)
 		s.st.removes.Add(int64(n))
+		if err != nil {
+			c.reply(id, wire.TypeError, wire.Error{Code: wire.Internal, Message: wire.ClipMessage(c.unscopeText(err.Error()))})
+			return
+		}
 		c.reply(id, wire.TypeRemoveReply, wire.RemoveReply{Removed: uint32(n)})
 	case *wire.Put:
 		s.st.puts.Add(1)
@@ -679,7 +665,13 @@ func (c *session) putResolved(ctx context.Context, it wire.Item, r resolved, t *
 	if err := copyFromRuns(p.Bytes(), r.runs); err != nil {
 		return c.segmentFault(it, r, err)
 	}
-	if err := p.Commit(); err != nil {
+	if err := p.Commit(); errors.Is(err, arena.ErrRemoved) {
+		// A remove of the key landed while it was written: the put ends as if
+		// it had come first and been removed (node/arena's remove.go).
+		t.objects++
+		t.bytes += r.size
+		return wire.Result{}
+	} else if err != nil {
 		return wire.Result{Status: wire.Internal, Message: wire.ClipMessage(err.Error())}
 	}
 	if s.remote != nil {
@@ -848,6 +840,9 @@ func (c *session) promote(ctx context.Context, it wire.Item, r resolved) (res wi
 		}
 		if err := copyToRuns(r.runs, p.Bytes()); err != nil {
 			return c.segmentFault(it, r, err), false
+		}
+		if h := s.cfg.hooks; h != nil && h.promoting != nil {
+			h.promoting(it.Key)
 		}
 		if p.Commit() == nil {
 			s.st.promotions.Add(1)

@@ -144,7 +144,15 @@ func (c *session) unscope(results []wire.Result) {
 	}
 	for i := range results {
 		if results[i].Message != "" {
-			results[i].Message = strings.ReplaceAll(results[i].Message, c.ns, "")
+			results[i].Message = c.unscopeText(results[i].Message)
 		}
 	}
+}
+
+// unscopeText takes the client's namespace out of a message for it.
+func (c *session) unscopeText(msg string) string {
+	if c.ns == "" {
+		return msg
+	}
+	return strings.ReplaceAll(msg, c.ns, "")
 }

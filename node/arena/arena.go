@@ -67,7 +67,10 @@ type Arena struct {
 	// closes, for writers of the same key waiting in Await: bounded by the writes
 	// in flight.
 	settled map[uint32]chan struct{}
-	closed  bool
+	// removing holds the barriers of removals in progress, by key (remove.go):
+	// bounded by the removals in flight.
+	removing map[string]*removal
+	closed   bool
 
 	committed      int64 // objects in state committed
 	committedBytes int64 // their exact sizes
@@ -80,6 +83,7 @@ type Arena struct {
 	inflightBytes  int64 // their objects' allocated lengths
 
 	evictions, evictedBytes, spilled, dropped, skipped, noSpace, regionEvictions int64
+	removals, removedPending, removeWaits                                        int64
 }
 
 // state is where an object is in its life.
@@ -167,6 +171,7 @@ func (a *Arena) resetIndexLocked() error {
 	a.ext = NewExtents(a.size / a.unit)
 	a.owner = map[int64]uint32{}
 	a.settled = map[uint32]chan struct{}{}
+	a.removing = map[string]*removal{}
 	a.partial = make([]uint32, len(classes))
 	var err error
 	if a.tab, err = offheap.NewTable(); err != nil {

@@ -161,8 +161,8 @@ func TestWriteOnceReadBack(t *testing.T) {
 	if _, err := a.Acquire("k", 7); !errors.Is(err, ErrNotFound) || !errors.Is(err, storage.ErrNotFound) {
 		t.Fatalf("acquire of a pending object: %v", err)
 	}
-	if a.Contains("k", 7) || a.Remove("k") || a.ContainsPrefix([]string{"k"}, 7) != 0 {
-		t.Fatal("a pending object is visible to Contains, ContainsPrefix or Remove")
+	if a.Contains("k", 7) || a.ContainsPrefix([]string{"k"}, 7) != 0 {
+		t.Fatal("a pending object is visible to Contains or ContainsPrefix")
 	}
 	if _, err := a.Reserve("k", 7, 10000); !errors.Is(err, ErrExists) {
 		t.Fatalf("second reserve of a pending key: %v", err)
@@ -515,14 +515,29 @@ func TestLeasedDuringOnEvictIsKept(t *testing.T) {
 	mustCheck(t, a)
 }
 
+// A Remove that lands while OnEvict copies the object out waits for the copy to
+// end (remove.go), so the caller can remove what OnEvict stored; the victim's
+// bytes stay whole during OnEvict, and its space is freed as removed, not
+// evicted.
 func TestRemovedDuringOnEvict(t *testing.T) {
 	const obj = 64 << 10
 	cfg := testConfig(t, 2*obj)
 	cfg.HighWatermark, cfg.LowWatermark = 1, 0.99
 	var a *Arena
+	removed := make(chan bool, 1)
 	cfg.OnEvict = func(e Evicted) bool {
-		if !a.Remove(e.Key) {
-			t.Errorf("remove of %s during its eviction failed", e.Key)
+		go func() { removed <- a.Remove(e.Key) }()
+		deadline := time.Now().Add(10 * time.Second)
+		for a.Stats().RemoveWaits == 0 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if a.Stats().RemoveWaits != 1 {
+			t.Error("the remove did not wait for the eviction in flight")
+		}
+		select {
+		case <-removed:
+			t.Error("the remove returned while its object's eviction was in flight")
+		default:
 		}
 		if !bytes.Equal(e.Bytes, pattern(e.Key, obj)) {
 			t.Error("victim's bytes changed by Remove during OnEvict")
@@ -533,8 +548,16 @@ func TestRemovedDuringOnEvict(t *testing.T) {
 	put(t, a, "a", 1, obj)
 	put(t, a, "b", 1, obj)
 	put(t, a, "c", 1, obj)
+	select {
+	case ok := <-removed:
+		if !ok {
+			t.Fatal("remove of a during its eviction found nothing")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the remove did not return after the eviction ended")
+	}
 	st := a.Stats()
-	if st.Evictions != 0 || st.Objects != 2 || a.Contains("a", 1) {
+	if st.Evictions != 0 || st.Objects != 2 || st.Removals != 1 || a.Contains("a", 1) {
 		t.Fatalf("after removal during eviction: %+v", st)
 	}
 	mustCheck(t, a)

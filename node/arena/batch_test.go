@@ -203,7 +203,7 @@ func TestBatchLeasesUnderEviction(t *testing.T) {
 						continue // exists, or no room: both fine here
 					}
 					copy(p.Bytes(), pattern(key, len(p.Bytes())))
-					if err := p.Commit(); err != nil {
+					if err := p.Commit(); err != nil && !errors.Is(err, ErrRemoved) {
 						report(fmt.Errorf("commit %s: %v", key, err))
 						return
 					}

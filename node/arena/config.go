@@ -44,8 +44,9 @@ type Config struct {
 	Allocator *hostmem.Allocator `json:"-"`
 	// OnEvict is called for each object eviction chooses, before its space is
 	// freed, without the arena's lock held (so it may call Acquire, Contains,
-	// Remove and Stats, but not Reserve, which may wait for this very eviction;
-	// and several calls may run at once from different goroutines). Evicted.Bytes is valid
+	// and Stats, and Remove of other keys, but not Reserve, nor Remove of the
+	// object being evicted: both may wait for this very eviction; and several
+	// calls may run at once from different goroutines). Evicted.Bytes is valid
 	// during the call only. It returns whether the object was kept elsewhere (spilled
 	// to SSD); false counts the object as dropped, and it goes either way. The
 	// object stays readable during the call; one that is leased meanwhile is kept

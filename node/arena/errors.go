@@ -29,6 +29,10 @@ var (
 	ErrKey = errors.New("invalid arena key")
 	// ErrSize: an object size that is not positive.
 	ErrSize = errors.New("invalid arena object size")
+	// ErrRemoved: Commit of a pending write that a removal of its key doomed
+	// meanwhile: nothing was published. A put that raced a remove ends as if
+	// it had come first and been removed.
+	ErrRemoved = errors.New("arena object removed while it was written")
 	// ErrDone: Commit of a pending write that was already committed or aborted.
 	ErrDone = errors.New("arena write already finished")
 	// ErrClosed: the arena was closed.

@@ -38,6 +38,7 @@ const (
 	flagEvicting             // OnEvict runs on it now: its bytes must stay
 	flagTouched              // acquired while evicting: recently used after all
 	flagInLRU                // on the LRU list
+	flagDoomed               // pending, and removed meanwhile: its Commit drops it (remove.go)
 )
 
 // keyBlock holds keyBlockData bytes of a key and links to the next block.

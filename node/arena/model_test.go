@@ -31,6 +31,7 @@ type modelObject struct {
 	leases  int
 	recency int // the tick of its Commit or its last lease's end
 	pending *Pending
+	doomed  bool // pending and removed: its Commit drops it
 }
 
 type modelLease struct {
@@ -161,7 +162,16 @@ func (m *arenaModel) commit(t *rapid.T) {
 		t.Skip("no pending write")
 	}
 	o := rapid.SampledFrom(ps).Draw(t, "pending")
-	if err := o.pending.Commit(); err != nil {
+	err := o.pending.Commit()
+	if o.doomed {
+		if !errors.Is(err, ErrRemoved) {
+			t.Fatalf("commit of %s, removed while pending: %v, want ErrRemoved", o.key, err)
+		}
+		o.state = freed
+		delete(m.index, o.key)
+		return
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	o.state, o.recency = committed, m.tick
@@ -227,9 +237,13 @@ func (m *arenaModel) release(t *rapid.T) {
 func (m *arenaModel) remove(t *rapid.T) {
 	key := rapid.SampledFrom(m.keys).Draw(t, "key")
 	o := m.index[key]
-	want := o != nil && o.state == committed
+	want := o != nil && (o.state == committed || o.state == pending)
 	if got := m.a.Remove(key); got != want {
 		t.Fatalf("remove %s: %v, want %v", key, got, want)
+	}
+	if want && o.state == pending {
+		o.doomed = true // still indexed until its Commit or Abort
+		return
 	}
 	if want {
 		delete(m.index, key)

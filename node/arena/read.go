@@ -240,23 +240,3 @@ func (a *Arena) ContainsPrefix(keys []string, format uint64) int {
 	}
 	return len(keys)
 }
-
-// Remove deletes the committed object key and reports whether there was one. A
-// leased object disappears from the index at once (the key can be written again)
-// and its space is freed when the last lease ends. An object still being written
-// is not removed: it does not exist yet.
-func (a *Arena) Remove(key string) bool {
-	h := maphash.String(a.seed, key)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return false
-	}
-	idx := a.lookupLocked(key, h)
-	if idx == 0 || a.rec(idx).state != committed {
-		return false
-	}
-	a.unindexLocked(idx)
-	a.freeLocked(idx)
-	return true
-}

@@ -55,6 +55,12 @@ type Stats struct {
 	RegionEvictions int64 `json:"regionEvictions"`
 	// NoSpace counts Reserves that failed with ErrNoSpace.
 	NoSpace int64 `json:"noSpace"`
+	// Removals counts committed objects removed; RemovedWhileWritten, pending
+	// writes a removal doomed (their Commit dropped them); RemoveWaits, the
+	// times a removal waited for an eviction of its object in flight to end.
+	Removals            int64 `json:"removals"`
+	RemovedWhileWritten int64 `json:"removedWhileWritten"`
+	RemoveWaits         int64 `json:"removeWaits"`
 }
 
 // Stats returns the arena's fill and counters. It is safe to call at any time,
@@ -84,6 +90,10 @@ func (a *Arena) Stats() Stats {
 		EvictSkipped:      a.skipped,
 		RegionEvictions:   a.regionEvictions,
 		NoSpace:           a.noSpace,
+
+		Removals:            a.removals,
+		RemovedWhileWritten: a.removedPending,
+		RemoveWaits:         a.removeWaits,
 	}
 }
 

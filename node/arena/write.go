@@ -70,6 +70,11 @@ func (a *Arena) Reserve(key string, format uint64, size int64) (*Pending, error)
 		if a.closed {
 			return nil, fmt.Errorf("reserve %q: %w", key, ErrClosed)
 		}
+		if a.removingLocked(key) != nil {
+			// Being removed: no new copy may enter until the removal ends
+			// (remove.go). Await waits for it.
+			return nil, fmt.Errorf("reserve %q: being removed: %w", key, ErrExists)
+		}
 		if idx := a.lookupLocked(key, h); idx != 0 {
 			if f := a.rec(idx).format; f != format {
 				return nil, fmt.Errorf("reserve %q: held by an object of format %#x, not %#x: %w (%w)", key, f, format, ErrExists, ErrFormat)
@@ -141,6 +146,11 @@ func (p *Pending) Commit() error {
 		return fmt.Errorf("commit %q: %w", p.key, ErrClosed)
 	}
 	r := a.rec(p.idx)
+	if r.flags&flagDoomed != 0 {
+		// Removed while it was written (remove.go): it must not appear now.
+		a.dropLocked(p.idx)
+		return fmt.Errorf("commit %q: %w", p.key, ErrRemoved)
+	}
 	r.state = committed
 	a.committed++
 	a.committedBytes += r.size
@@ -175,8 +185,8 @@ func (a *Arena) settleLocked(idx uint32) {
 }
 
 // Await waits until no write of key is pending: the object being written under
-// key (by another request) is committed or aborted. It reports whether there was
-// such a write; when there was, the caller looks again (Acquire, or Reserve to
+// key (by another request) is committed or aborted, and no removal of key is in
+// progress (remove.go). It reports whether there was such a write or removal; when there was, the caller looks again (Acquire, or Reserve to
 // write it itself if the other writer aborted). Readers and writers that must
 // not answer "missing" or "stored" for an object that is half written use it:
 // Reserve's ErrExists and Acquire's ErrNotFound do not tell a pending write from
@@ -208,6 +218,9 @@ func (a *Arena) pendingWrite(key string) <-chan struct{} {
 	}
 	if idx := a.lookupLocked(key, h); idx != 0 && a.rec(idx).state == pending {
 		return a.settled[idx]
+	}
+	if rm := a.removingLocked(key); rm != nil {
+		return rm.done
 	}
 	return nil
 }
