@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stratakv/strata/hostmem"
 	"github.com/stratakv/strata/internal/redistest"
 	"github.com/stratakv/strata/node/wire"
 	"github.com/stratakv/strata/storage"
@@ -120,20 +122,23 @@ func TestEveryWireKeySurvivesTheSpill(t *testing.T) {
 		}
 	}
 	// Push them out of the 16 MiB arena with newer objects.
-	for i := 0; s.arena.Contains(keys[0], 7); i++ {
+	inArena := func() bool {
+		for _, k := range keys {
+			if s.arena.Contains(k, 7) {
+				return true
+			}
+		}
+		return false
+	}
+	for i := 0; inArena(); i++ {
 		if i > 64 {
-			t.Fatalf("the arena never evicted the first keys: %+v", s.Stats().Arena)
+			t.Fatalf("the arena never evicted the test's keys: %+v", s.Stats().Arena)
 		}
 		var fill []wire.Item
 		for j := range 8 {
 			fill = append(fill, item(fmt.Sprintf("fill:%d:%d", i, j), seg, 4<<20, 1<<20))
 		}
 		c.batch(wire.TypePut, fill...)
-	}
-	for _, k := range keys {
-		if s.arena.Contains(k, 7) {
-			t.Skip("the arena kept a key through the fill; nothing to test")
-		}
 	}
 	var gets []wire.Item
 	for i, k := range keys {
@@ -242,8 +247,17 @@ func TestTenantsAreIsolatedByUID(t *testing.T) {
 		t.Fatalf("owner reads the other user's object: %+v", res)
 	}
 	copy(ro.Bytes(), "genuine")
-	if res := owner.batch(wire.TypePut, item("model:page0", so, 0, 4096)); res[0].Status != wire.OK {
+	if res := owner.batch(wire.TypePut, item("model:page0", so, 0, 4096), item("owner-only", so, 0, 4096)); res[0].Status != wire.OK || res[1].Status != wire.OK {
 		t.Fatalf("owner's put: %+v", res)
+	}
+	// Exists is answered in the asker's namespace too.
+	m, err = other.call(wire.TypeExists, wire.Exists{Keys: []string{"owner-only"}, Format: 7})
+	if err != nil || m.(*wire.ExistsReply).Present != 0 {
+		t.Fatalf("the other user sees the owner's object: %+v %v", m, err)
+	}
+	m, err = other.call(wire.TypeExists, wire.Exists{Keys: []string{"model:page0"}, Format: 7})
+	if err != nil || m.(*wire.ExistsReply).Present != 1 {
+		t.Fatalf("the other user does not see its own object: %+v %v", m, err)
 	}
 	if res := owner.batch(wire.TypeGet, item("model:page0", so, 8192, 4096)); res[0].Status != wire.OK || string(ro.Bytes()[8192:8199]) != "genuine" {
 		t.Fatalf("owner reads back %q, %+v", ro.Bytes()[8192:8199], res)
@@ -331,6 +345,9 @@ func TestSpillOnAFullDevice(t *testing.T) {
 	}
 	dir := t.TempDir()
 	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=4m"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("cannot mount a tmpfs as root: %v", err)
+		}
 		t.Skipf("cannot mount a tmpfs: %v", err)
 	}
 	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
@@ -398,5 +415,78 @@ func TestTenantNamespaceReachesRedis(t *testing.T) {
 	}
 	if res := same.batch(wire.TypeGet, item("shared/key", ss, 0, 4096)); res[0].Status != wire.OK || string(rs.Bytes()[:11]) != "tenant page" {
 		t.Fatalf("the same user on another node: %+v", res)
+	}
+}
+
+// statsOver asks for the Stats document over c's socket.
+func statsOver(t *testing.T, c *rawClient) (Stats, string) {
+	t.Helper()
+	m, err := c.call(wire.TypeStats, wire.Stats{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := m.(*wire.StatsReply).JSON
+	var st Stats
+	if err := json.Unmarshal(doc, &st); err != nil {
+		t.Fatalf("stats document: %v", err)
+	}
+	return st, string(doc)
+}
+
+// A client of another user sees, in its Stats over the socket, its own
+// tenant's clients and the service's totals, nothing that names or counts
+// another tenant; the service's own user sees everyone. Before, any user of the
+// socket read every client's name, pid, uid, segments and activity, whatever
+// --admin-stats said.
+func TestStatsShowAClientItsOwnTenantOnly(t *testing.T) {
+	for _, adminStats := range []string{AdminStatsFull, AdminStatsCounts} {
+		t.Run(adminStats, func(t *testing.T) {
+			s := startShared(t, func(c *Config) { c.AdminStats = adminStats; c.TenantGroups = [][]int{{4243, 4244}} })
+			root := dial(t, s)
+			a, _ := hostmem.New(hostmem.Config{Kind: hostmem.Shm})
+			r, err := a.Allocate("test", 1<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { r.Close() })
+			if _, err := root.call(wire.TypeRegisterSegment, wire.RegisterSegment{Size: uint64(r.Size()), Name: "root-secret-pool"}, r.Fd()); err != nil {
+				t.Fatal(err)
+			}
+			loner := dialAs(t, s, 4242)
+			_, seg := loner.segment(1 << 20)
+			loner.batch(wire.TypePut, item("loner-key", seg, 0, 4096))
+			g1, g2 := dialAs(t, s, 4243), dialAs(t, s, 4244)
+			g1.segment(2 << 20)
+			g2.segment(1 << 20)
+
+			st, doc := statsOver(t, loner)
+			if st.Scope != ScopeTenant || st.ClientCount != 1 || len(st.Clients) != 1 || st.Clients[0].UID != 4242 ||
+				st.SegmentCount != 1 || st.RegisteredBytes != 1<<20 {
+				t.Fatalf("a lone tenant's stats: scope %q, %d clients %+v, %d segments, %d bytes", st.Scope, st.ClientCount, st.Clients, st.SegmentCount, st.RegisteredBytes)
+			}
+			for _, secret := range []string{"root-secret-pool", t.Name(), `"uid":0`, `"uid":4243`, `"uid":4244`} {
+				if strings.Contains(doc, secret) {
+					t.Errorf("a tenant's stats name another tenant: %q in %s", secret, doc)
+				}
+			}
+			if st.Ops.Puts != 1 || st.Arena.Objects != 1 {
+				t.Errorf("the service's totals are missing: ops %+v, arena objects %d", st.Ops, st.Arena.Objects)
+			}
+			// A tenant group is one tenant: its members see each other.
+			st, _ = statsOver(t, g1)
+			if st.Scope != ScopeTenant || st.ClientCount != 2 || st.SegmentCount != 2 || st.RegisteredBytes != 3<<20 {
+				t.Fatalf("a tenant group's stats: scope %q, %d clients, %d segments, %d bytes", st.Scope, st.ClientCount, st.SegmentCount, st.RegisteredBytes)
+			}
+			for _, c := range st.Clients {
+				if c.UID != 4243 && c.UID != 4244 {
+					t.Errorf("a group's stats show client %+v", c)
+				}
+			}
+			// The service's own user sees every client.
+			st, doc = statsOver(t, root)
+			if st.Scope != ScopeService || st.ClientCount != 4 || !strings.Contains(doc, "root-secret-pool") {
+				t.Fatalf("the service user's stats: scope %q, %d clients", st.Scope, st.ClientCount)
+			}
+		})
 	}
 }

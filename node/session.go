@@ -73,6 +73,7 @@ type session struct {
 	name       string
 	pid        int
 	uid        int
+	uidKnown   bool // the kernel told uid (SO_PEERCRED)
 	mu         sync.Mutex
 	segments   map[uint32]*segment
 	nextSeg    uint32
@@ -113,7 +114,7 @@ func (c *session) serve() {
 	}()
 	pid, uid, _, err := c.conn.PeerCred()
 	if err == nil {
-		c.pid, c.uid = pid, uid
+		c.pid, c.uid, c.uidKnown = pid, uid, true
 	}
 	c.ns = c.srv.tenants.namespace(uid, err == nil, c.id)
 	c.conn.SetFrameTimeout(c.srv.cfg.FrameTimeout)
@@ -172,7 +173,7 @@ func (c *session) serve() {
 		case *wire.Ping:
 			c.reply(h.ID, wire.TypePong, wire.Pong{Nonce: m.Nonce})
 		case *wire.Stats:
-			doc := c.srv.Stats().document(c.srv.statsLimit)
+			doc := c.srv.statsFor(c).document(c.srv.statsLimit)
 			c.reply(h.ID, wire.TypeStatsReply, wire.StatsReply{JSON: doc})
 		case *wire.Exists, *wire.Put, *wire.Get, *wire.Remove:
 			if e, ok := m.(*wire.Exists); ok && c.existsInArena(h.ID, e) {

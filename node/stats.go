@@ -26,6 +26,12 @@ type Stats struct {
 	Uptime  time.Duration `json:"uptime"`
 	Socket  string        `json:"socket"`
 	Admin   string        `json:"admin,omitempty"`
+	// Scope says whose clients the document shows: "service" (every client:
+	// the admin port, and clients running as the service's own user or as
+	// root) or "tenant" (a client of another user asked over the socket: its
+	// own tenant's clients and counts, beside the service's totals; see
+	// Server.statsFor).
+	Scope string `json:"scope"`
 	// Clients lists the connected clients with their segments. In a document
 	// too large for one frame, Abridged says the segment and refusal lists were
 	// left out, and ClientsOmitted how many clients did not fit at all; the
@@ -33,7 +39,8 @@ type Stats struct {
 	Clients        []ClientStats `json:"clients"`
 	Abridged       bool          `json:"abridged,omitempty"`
 	ClientsOmitted int           `json:"clientsOmitted,omitempty"`
-	// ClientCount, SegmentCount and RegisteredBytes total the clients.
+	// ClientCount, SegmentCount and RegisteredBytes total the clients (of the
+	// scope).
 	ClientCount     int   `json:"clientCount"`
 	SegmentCount    int   `json:"segmentCount"`
 	RegisteredBytes int64 `json:"registeredBytes"`
@@ -114,10 +121,27 @@ type SegmentStats struct {
 	Bytes int64  `json:"bytes"`
 }
 
-// Stats returns a snapshot of the service.
-func (s *Server) Stats() Stats {
+// Stats returns a snapshot of the service, every client included.
+func (s *Server) Stats() Stats { return s.statsFor(nil) }
+
+// Scopes of a Stats document.
+const (
+	ScopeService = "service"
+	ScopeTenant  = "tenant"
+)
+
+// statsFor returns the snapshot that the client viewer may see; nil is the
+// whole service. A client of another user than the service's (and not root)
+// sees only the clients of its own tenant (its namespace: its uid, or its
+// tenant group) in the client list and the client totals, and the service's
+// totals (tiers, operations, request memory) that name no client: users who
+// share the socket learn nothing of each other's processes, pools or activity.
+// The service's own user and root can read the service's memory and spill
+// anyway, so they see everything.
+func (s *Server) statsFor(viewer *session) Stats {
 	st := Stats{
 		Version: serverVersion(),
+		Scope:   ScopeService,
 		Uptime:  time.Since(s.started).Round(time.Millisecond),
 		Socket:  s.cfg.Socket,
 		Admin:   s.AdminAddr(),
@@ -153,8 +177,12 @@ func (s *Server) Stats() Stats {
 		sessions = append(sessions, c)
 	}
 	s.mu.Unlock()
+	tenant := viewer != nil && !s.seesEveryone(viewer)
+	if tenant {
+		st.Scope = ScopeTenant
+	}
 	for _, c := range sessions {
-		if !c.hello.Load() {
+		if !c.hello.Load() || tenant && c.ns != viewer.ns {
 			continue
 		}
 		cs := ClientStats{ID: c.id, Name: c.name, PID: c.pid, UID: c.uid,
@@ -176,6 +204,13 @@ func (s *Server) Stats() Stats {
 	}
 	sort.Slice(st.Clients, func(i, j int) bool { return st.Clients[i].ID < st.Clients[j].ID })
 	return st
+}
+
+// seesEveryone reports whether client c may see every client in Stats: it runs
+// as the service's own user (or in its tenant group: the empty namespace) or
+// as root.
+func (s *Server) seesEveryone(c *session) bool {
+	return c.ns == "" || c.uidKnown && c.uid == 0
 }
 
 // counts is st without the clients' details (names, pids, uids, segments): what

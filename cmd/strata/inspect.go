@@ -102,6 +102,9 @@ func writeInspect(w io.Writer, st node.Stats) error {
 	fmt.Fprintf(w, "ops     %d puts (%d objects, %s, %d already stored), %d gets: hit ratio %.1f%% (arena %d, spill %d, miss %d), %d promotions\n",
 		o.Puts, o.PutObjects, fb(o.PutBytes), o.PutSkipped, o.Gets, 100*o.HitRatio, o.ArenaHits, o.SpillHits, o.Misses, o.Promotions)
 	fmt.Fprintf(w, "refused %d bad ranges, %d no space, %d corrupt, %d registrations, %d malformed\n\n", o.BadRanges, o.NoSpace, o.Corrupt, o.Refused, o.Malformed)
+	if st.Scope == node.ScopeTenant {
+		fmt.Fprintf(w, "clients of your tenant only (%d); run as the service's user to see every client\n", st.ClientCount)
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "client\tname\tpid\tregistered\tsegments\trequests\tin\tout")
 	for _, c := range st.Clients {

@@ -263,3 +263,20 @@ func TestInspectTextShowsSpillErrors(t *testing.T) {
 		t.Fatalf("inspect text:\n%s", out)
 	}
 }
+
+// A client of another user than the service's sees its own tenant's clients
+// only, and the text output says so.
+func TestInspectTextSaysWhenItShowsOneTenant(t *testing.T) {
+	for _, c := range []struct {
+		scope string
+		want  bool
+	}{{node.ScopeTenant, true}, {node.ScopeService, false}} {
+		var b bytes.Buffer
+		if err := writeInspect(&b, node.Stats{Scope: c.scope, ClientCount: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(b.String(), "clients of your tenant only (1)"); got != c.want {
+			t.Errorf("scope %s: tenant line shown %v, want %v:\n%s", c.scope, got, c.want, b.String())
+		}
+	}
+}
