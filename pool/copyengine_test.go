@@ -3,6 +3,8 @@ package pool
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -189,6 +191,56 @@ func TestLayersCompleteInOrderBeforeTheWhole(t *testing.T) {
 	}
 	if err := tr.WaitLayer(ctx, 0, 9); !errors.Is(err, ErrConfig) {
 		t.Fatalf("wait on a layer that does not exist: %v", err)
+	}
+}
+
+// Pools of one geometry are told apart only by name: a device group in another
+// order than the host group, or with a pool the host group does not have, would
+// copy one pool's KV into another's. Validate, the copy engine and a device pool's
+// own copies refuse the pairing.
+func TestPairingRefusesPoolsOfAnotherName(t *testing.T) {
+	same := []kvlayout.Geometry{testTarget, testTarget}
+	host, dev := newGroups(t, kvlayout.PageFirst, kvlayout.LayerFirst, same, 4, 4)
+	if err := dev.Validate(host); err != nil {
+		t.Fatalf("matching groups: %v", err)
+	}
+	swapped := DeviceGroup{Pools: []DevicePool{dev.Pools[1], dev.Pools[0]}, Pages: dev.Pages}
+	a := testAllocator(t, hostmem.Mmap)
+	renamed, closeRenamed, err := NewMemDeviceGroup(GroupSpec{
+		Pools:  []PoolSpec{{Name: "kv", Geometry: testTarget}, {Name: "other", Geometry: testTarget}},
+		Layout: kvlayout.LayerFirst, PageSize: 4, Pages: 4,
+	}, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeRenamed() })
+	e := newEngine(t, 2)
+	for _, c := range []struct {
+		name string
+		dev  DeviceGroup
+		want string // the names the error must give
+	}{
+		{"pools in another order", swapped, `device pool "draft" paired with host pool "kv"`},
+		{"a pool of another name", renamed, `device pool "other" paired with host pool "draft"`},
+	} {
+		err := c.dev.Validate(host)
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(fmt.Sprint(err), c.want) {
+			t.Errorf("%s: Validate = %v; want ErrMismatch naming %s", c.name, err, c.want)
+		}
+		if _, err := e.Load(c.dev, host, []PageMove{{0, 0}}); !errors.Is(err, ErrMismatch) {
+			t.Errorf("%s: Load = %v; want ErrMismatch", c.name, err)
+		}
+		if _, err := e.Backup(c.dev, host, []PageMove{{0, 0}}); !errors.Is(err, ErrMismatch) {
+			t.Errorf("%s: Backup = %v; want ErrMismatch", c.name, err)
+		}
+	}
+	// A device pool asked to copy with a host pool of another name refuses too.
+	kv, draft := dev.Pools[0].(*MemDevicePool), host.Pool("draft")
+	if err := kv.LoadLayer(0, draft, []PageMove{{0, 0}}); !errors.Is(err, ErrMismatch) {
+		t.Errorf("LoadLayer of pool kv from host pool draft: %v", err)
+	}
+	if err := kv.BackupLayers(0, 1, draft, []PageMove{{0, 0}}); !errors.Is(err, ErrMismatch) {
+		t.Errorf("BackupLayers of pool kv into host pool draft: %v", err)
 	}
 }
 
