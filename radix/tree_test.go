@@ -3,7 +3,9 @@ package radix
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
@@ -494,6 +496,77 @@ func TestSplitKeepsLockAndHostCounts(t *testing.T) {
 			slices.Sort(host)
 			if !slices.Equal(dev, pages(1, 2, 3, 4)) || !slices.Equal(host, pages(11, 12, 13, 14)) || tree.Nodes() != 0 {
 				t.Fatalf("after release evicted device %v, host %v, %d nodes left; want all of the prefix", dev, host, tree.Nodes())
+			}
+		})
+	}
+}
+
+// evictPanic runs evict and returns what it panicked with (nil if it returned). An
+// eviction loop that keeps retrying a victim it cannot drop fails the test after
+// 10 s instead of hanging it; its goroutine spins on until the test binary exits.
+func evictPanic(t *testing.T, what string, evict func()) any {
+	t.Helper()
+	res := make(chan any, 1)
+	go func() {
+		defer func() { res <- recover() }()
+		evict()
+	}()
+	select {
+	case p := <-res:
+		return p
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not return within 10s: it offers the same victim forever", what)
+		return nil
+	}
+}
+
+// A victim the heaps offer that cannot be dropped is the tree's own invariant
+// broken (here: a count set behind the heaps' back). The eviction loops panic
+// with the victim's state instead of retrying it forever.
+func TestEvictionOfAVictimThatCannotGoPanics(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		setup func(*testing.T, *Tree[uint32]) *Node[uint32]
+		evict func(*Tree[uint32])
+		want  []string
+	}{
+		{"EvictDevice of a victim in L2", func(t *testing.T, tree *Tree[uint32]) *Node[uint32] {
+			n := mustInsert(t, tree, []uint32{1}, pages(1)).Last
+			if err := tree.SetHost(n, pages(11)); err != nil {
+				t.Fatal(err)
+			}
+			n.lockRef = 1
+			return n
+		}, func(tree *Tree[uint32]) { tree.EvictDevice(1) }, []string{"radix: EvictDevice: cannot drop from L1", "lock count 1", ErrNode.Error()}},
+		{"EvictDevice of a victim in L1 only", func(t *testing.T, tree *Tree[uint32]) *Node[uint32] {
+			n := mustInsert(t, tree, []uint32{2}, pages(2)).Last
+			n.lockRef = 1
+			return n
+		}, func(tree *Tree[uint32]) { tree.EvictDevice(1) }, []string{"radix: EvictDevice: cannot remove", "lock count 1", ErrNode.Error()}},
+		{"EvictHost", func(t *testing.T, tree *Tree[uint32]) *Node[uint32] {
+			n := mustInsert(t, tree, []uint32{3}, pages(3)).Last
+			if err := tree.SetHost(n, pages(13)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tree.DropDevice(n); err != nil {
+				t.Fatal(err)
+			}
+			n.hostRef = 1
+			return n
+		}, func(tree *Tree[uint32]) { tree.EvictHost(1) }, []string{"radix: EvictHost: cannot remove", "host references 1", ErrNode.Error()}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tree := newTree(t, 1, LRU)
+			c.setup(t, tree)
+			if err := tree.Check(); err == nil {
+				t.Fatal("Check finds nothing wrong with a victim whose count changed behind the heaps")
+			}
+			p := evictPanic(t, c.name, func() { c.evict(tree) })
+			msg, _ := p.(string)
+			for _, w := range c.want {
+				if !strings.Contains(msg, w) {
+					t.Fatalf("%s panicked with %v; want a message with %q", c.name, p, w)
+				}
 			}
 		})
 	}
