@@ -165,7 +165,7 @@ func warm(t *testing.T, backend storage.Backend, seqs ...[]uint32) {
 	for _, s := range seqs {
 		e.serve(t, s)
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.cache.Stats(); s.L3.BackedUpTokens == 0 {
@@ -181,7 +181,7 @@ func (e *env) serveWith(t *testing.T, tokens []uint32, ns pagekey.Namespace) *Re
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Wait(context.Background()); err != nil {
+	if err := r.Wait(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	verified := r.HitTokens - r.DraftRecomputeTokens
@@ -216,7 +216,7 @@ func TestL3HitsAcrossCaches(t *testing.T) {
 	if r.L3Tokens != 10*testPS || r.L2Tokens != 0 || r.DraftRecomputeTokens != 0 {
 		t.Fatalf("L3 hit through L2: L1 %d L2 %d L3 %d recompute %d", r.L1Tokens, r.L2Tokens, r.L3Tokens, r.DraftRecomputeTokens)
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	s := e.cache.Stats()
@@ -251,7 +251,7 @@ func TestDraftPoolRefusedServesTargetHitsWithRecompute(t *testing.T) {
 	if r.L1Tokens != 10*testPS {
 		t.Fatalf("after finish: %+v", r)
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	s = e.cache.Stats()
@@ -307,7 +307,7 @@ func TestFailingBackendGivesMissesAndCountsFaults(t *testing.T) {
 		t.Fatalf("hit from a failing backend: %+v", r)
 	}
 	e.serve(t, seq(5, 6*testPS)) // L1/L2 serve on
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	s := e.cache.Stats()
@@ -334,7 +334,7 @@ func TestHangingBackendNeverBlocksPastTheDeadline(t *testing.T) {
 	if took := time.Since(start); took > 2*time.Second || r.HitTokens != 0 {
 		t.Fatalf("hanging backend: %v, hit %d", took, r.HitTokens)
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	s := e.cache.Stats()
@@ -354,12 +354,12 @@ func TestCanceledPrefetchReturnsItsPages(t *testing.T) {
 			t.Fatal("no prefetch")
 		}
 		if i == 1 {
-			<-p.Done() // cancel after it finished, before any Match took it
+			waitDone(t, p) // cancel after it finished, before any Match took it
 		}
 		p.Cancel()
 		p.Cancel()
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	s := e.cache.Stats()
@@ -399,7 +399,7 @@ func TestConcurrentPrefetchesOfOnePrefixFetchOnce(t *testing.T) {
 		t.Fatalf("hits %d and %d", r1.HitTokens, r2.HitTokens)
 	}
 	for _, r := range []*Request{r1, r2} {
-		if err := r.Wait(context.Background()); err != nil {
+		if err := r.Wait(waitCtx(t)); err != nil {
 			t.Fatal(err)
 		}
 		e.verify(t, a, r.DevicePages, r.HitTokens)
@@ -491,7 +491,7 @@ func TestDraftPoolWithFewerL3PagesLimitsTheHit(t *testing.T) {
 				t.Fatalf("L3 hit of a prefix whose draft pages stop at page 6: L1 %d L2 %d L3 %d, draft recompute [%d,+%d); want L3 %d, recompute [%d,+%d)",
 					r.L1Tokens, r.L2Tokens, r.L3Tokens, r.DraftRecomputeFrom, r.DraftRecomputeTokens, c.l3, c.recomputeFrom, c.rc)
 			}
-			if err := e.cache.Sync(context.Background()); err != nil {
+			if err := e.cache.Sync(waitCtx(t)); err != nil {
 				t.Fatal(err)
 			}
 			if s := e.cache.Stats(); s.HitTokensL3 != int64(c.l3) || s.DraftRecomputeTokens != int64(c.rc) || s.L3.ReservedPages != 0 {
@@ -515,7 +515,7 @@ func TestDraftPoolWithFewerL3PagesLimitsTheHit(t *testing.T) {
 				t.Fatalf("prefetch brought %d pages, want %d", got, c.l3/testPS)
 			}
 			p.Cancel()
-			if err := e.cache.Sync(context.Background()); err != nil {
+			if err := e.cache.Sync(waitCtx(t)); err != nil {
 				t.Fatal(err)
 			}
 			if r := e.serve(t, a); r.L2Tokens != c.untaken || r.L1Tokens != 0 {
