@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -287,6 +288,18 @@ func (e *env) check(tokens []uint32, pages []pool.PageID, from, to int) error {
 	return nil
 }
 
+// waitTimeout bounds each wait of a test for the cache's copies (Request.Wait,
+// Cache.Sync): a copy that never ends fails the test with the context's error
+// instead of hanging it until the test binary's timeout.
+const waitTimeout = 10 * time.Second
+
+// waitCtx is a context for one bounded wait of t.
+func waitCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // serve runs one request through the cache as an engine would: match, wait for
 // loads and verify the prefix, allocate and compute the rest, finish.
 func (e *env) serve(t testing.TB, tokens []uint32) *Request {
@@ -295,7 +308,7 @@ func (e *env) serve(t testing.TB, tokens []uint32) *Request {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Wait(context.Background()); err != nil {
+	if err := r.Wait(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	e.verify(t, tokens, r.DevicePages, r.HitTokens)
@@ -351,7 +364,7 @@ func TestL1HitAfterInsert(t *testing.T) {
 	if r = e.serve(t, longer); r.HitTokens != 4*testPS {
 		t.Fatalf("extension hit %d tokens", r.HitTokens)
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	e.checkTree(t)
@@ -371,12 +384,12 @@ func TestL2HitLoadsBackTargetAndDraft(t *testing.T) {
 	e := newEnv(t, DefaultConfig(), 8, 64)
 	first := seq(1, 6*testPS)
 	e.serve(t, first)
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	for i := uint64(2); i < 6; i++ {
 		e.serve(t, seq(i, 6*testPS))
-		if err := e.cache.Sync(context.Background()); err != nil {
+		if err := e.cache.Sync(waitCtx(t)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -420,7 +433,7 @@ func TestWriteThroughSelectiveWaitsForHits(t *testing.T) {
 	e.serve(t, hot)
 	e.serve(t, hot) // second hit: backed up now
 	e.serve(t, cold)
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	e.serve(t, seq(3, 6*testPS))
@@ -611,7 +624,7 @@ func TestConcurrentRequests(t *testing.T) {
 		if t.Failed() {
 			return
 		}
-		if err := e.cache.Sync(context.Background()); err != nil {
+		if err := e.cache.Sync(waitCtx(t)); err != nil {
 			t.Fatal(err)
 		}
 		e.checkTree(t)
@@ -628,15 +641,26 @@ func TestConcurrentRequests(t *testing.T) {
 
 // serveConcurrent is serve for many goroutines: when L1 is full of other requests'
 // locked pages it releases its own and starts over, as an engine preempts. It
-// returns what went wrong instead of failing the test.
+// returns what went wrong instead of failing the test, and an error when L1 has
+// stayed full for preemptTimeout (other requests finish, so only pages that leak
+// or stay locked keep it full).
+// preemptTimeout bounds how long serveConcurrent retries a request that finds L1
+// full: far longer than any request holds its pages here, even under -race on a
+// loaded machine.
+const preemptTimeout = 10 * time.Second
+
 func (e *env) serveConcurrent(tokens []uint32) error {
-	for {
+	deadline := time.Now().Add(preemptTimeout)
+	for attempt := 1; ; attempt++ {
 		r, err := e.cache.Match(context.Background(), tokens, MatchOptions{})
 		if err != nil {
 			return err
 		}
-		if err := r.Wait(context.Background()); err != nil {
-			return err
+		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+		err = r.Wait(ctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("wait for the loads of a %d-token hit: %w", r.HitTokens, err)
 		}
 		if err := e.check(tokens, r.DevicePages, 0, r.HitTokens); err != nil {
 			return fmt.Errorf("served prefix of %d tokens (L1 %d, L2 %d): %w", r.HitTokens, r.L1Tokens, r.L2Tokens, err)
@@ -646,6 +670,11 @@ func (e *env) serveConcurrent(tokens []uint32) error {
 		if errors.Is(err, ErrDeviceFull) {
 			if err := e.cache.Release(r); err != nil {
 				return err
+			}
+			if time.Now().After(deadline) {
+				s := e.cache.Stats()
+				return fmt.Errorf("request of %d tokens: no room for %d L1 pages after %d attempts in %v (L1 %d of %d pages used): %w",
+					len(tokens), need, attempt, preemptTimeout, s.DevicePagesUsed, s.DevicePages, err)
 			}
 			runtime.Gosched()
 			continue

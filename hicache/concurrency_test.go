@@ -27,7 +27,7 @@ func (e *env) evictToL2(t *testing.T, first []uint32, fillers ...[]uint32) {
 	t.Helper()
 	for _, f := range fillers {
 		e.serve(t, f)
-		if err := e.cache.Sync(context.Background()); err != nil {
+		if err := e.cache.Sync(waitCtx(t)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -101,7 +101,7 @@ func TestSplitOfANodeBeingLoadedWaitsForTheLoad(t *testing.T) {
 
 	e.gate.open(pool.Load)
 	for _, r := range []*Request{r1, rx, r2} {
-		if err := r.Wait(context.Background()); err != nil {
+		if err := r.Wait(waitCtx(t)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -111,7 +111,7 @@ func TestSplitOfANodeBeingLoadedWaitsForTheLoad(t *testing.T) {
 	if err := errors.Join(e.cache.Release(r1), e.cache.Release(rx), e.cache.Release(r2)); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	e.checkTree(t)
@@ -149,7 +149,7 @@ func TestPagesBeingLoadedAreNotReallocated(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.gate.open(pool.Load)
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if err == nil {
@@ -199,6 +199,18 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// within receives from ch, failing the test when nothing comes within 10 s.
+func within[T any](t *testing.T, what string, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: not within 10s", what)
+		panic("unreachable")
+	}
+}
+
 // With L1 full of pages whose L1→L2 backup is held in flight, AllocDevice has to
 // wait for the backup. It must wait without holding the cache: other requests
 // (here a Match and Stats) go on meanwhile, as they would while a real device
@@ -231,14 +243,14 @@ func TestAllocDeviceWaitsForBackupsWithoutHoldingTheCache(t *testing.T) {
 	default:
 	}
 	e.gate.open(pool.Backup)
-	a := <-done
+	a := within(t, "AllocDevice after the backup it waited for", done)
 	if a.err != nil || len(a.pages) != 4 {
 		t.Fatalf("after the backup: %v, %v", a.pages, a.err)
 	}
 	if err := e.cache.FreeDevice(a.pages); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	e.checkTree(t)
@@ -258,7 +270,7 @@ func TestWriteBackEvictionWaitsWithoutHoldingTheCache(t *testing.T) {
 	go func() { done <- e.serveConcurrent(b) }() // evicts a: its backup is held
 	eventually(t, "Stats while a write-back eviction is held", func() bool { return e.cache.Stats().CopyWaits > 0 })
 	e.gate.open(pool.Backup)
-	if err := <-done; err != nil {
+	if err := within(t, "the request after its write-back eviction", done); err != nil {
 		t.Fatal(err)
 	}
 	if r := e.serve(t, a); r.L2Tokens != len(a) {
@@ -341,7 +353,7 @@ func TestReconnectEndsTheBackoff(t *testing.T) {
 	if p == nil {
 		t.Fatal("no prefetch")
 	}
-	<-p.Done()
+	waitDone(t, p)
 	p.Cancel()
 	// The service stays down: the backoff grows to its longest, 5 s.
 	l3 := e.cache.impl.(*core[uint32]).l3
@@ -381,7 +393,7 @@ func TestOverlongMatchFaultServesAPageOfAnotherContinuation(t *testing.T) {
 		e := newEnvWith(t, DefaultConfig(), 32, 64, Options{Faults: &Faults{OverlongMatch: fault}}, hostmem.Mmap)
 		a := seq(1, 8*testPS)
 		e.serve(t, a)
-		if err := e.cache.Sync(context.Background()); err != nil { // a's L2 copy is complete
+		if err := e.cache.Sync(waitCtx(t)); err != nil { // a's L2 copy is complete
 			t.Fatal(err)
 		}
 		b := append(append([]uint32(nil), a[:4*testPS]...), seq(2, 4*testPS+1)...)
@@ -389,7 +401,7 @@ func TestOverlongMatchFaultServesAPageOfAnotherContinuation(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := r.Wait(context.Background()); err != nil {
+		if err := r.Wait(waitCtx(t)); err != nil {
 			t.Fatal(err)
 		}
 		shared := 4 * testPS
@@ -420,7 +432,7 @@ func TestOverlongMatchFaultServesAPageOfAnotherContinuation(t *testing.T) {
 		if err := e.cache.Finish(r, b, pages); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.cache.Sync(context.Background()); err != nil {
+		if err := e.cache.Sync(waitCtx(t)); err != nil {
 			t.Fatal(err)
 		}
 		e.checkTree(t)
@@ -462,7 +474,7 @@ func TestReleasedPagesOfARunningLoadAreFreedAfterIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.gate.open(pool.Load)
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if err == nil {
@@ -504,10 +516,10 @@ func TestFailedLoadIsUndoneInEveryNodeSplitFromIt(t *testing.T) {
 	e.gate.failLoads = true
 	e.gate.mu.Unlock()
 	e.gate.open(pool.Load)
-	if err := r1.Wait(context.Background()); !errors.Is(err, errInjected) {
+	if err := r1.Wait(waitCtx(t)); !errors.Is(err, errInjected) {
 		t.Fatalf("the request whose load failed: %v", err)
 	}
-	if err := r2.Wait(context.Background()); !errors.Is(err, errInjected) {
+	if err := r2.Wait(waitCtx(t)); !errors.Is(err, errInjected) {
 		t.Fatalf("a request served pages of a failed load (after a split): Wait %v", err)
 	}
 	if err := errors.Join(e.cache.Release(r1), e.cache.Release(r2)); err != nil {
@@ -520,7 +532,7 @@ func TestFailedLoadIsUndoneInEveryNodeSplitFromIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Wait(context.Background()); err != nil {
+	if err := r.Wait(waitCtx(t)); err != nil {
 		t.Fatalf("the prefix again: %v", err)
 	}
 	if r.L1Tokens != 0 || r.L2Tokens != len(a) {
@@ -530,7 +542,7 @@ func TestFailedLoadIsUndoneInEveryNodeSplitFromIt(t *testing.T) {
 	if err := e.cache.Release(r); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	e.checkTree(t)

@@ -1,7 +1,6 @@
 package hicache
 
 import (
-	"context"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -64,7 +63,7 @@ func TestCorruptedFilesAreMissesNeverServed(t *testing.T) {
 	if r.HitTokens != 0 {
 		t.Fatalf("hit %d tokens from damaged files", r.HitTokens)
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.cache.Stats(); s.L3.Faults["corrupt"] == 0 || s.L3.ReservedPages != 0 {
@@ -86,7 +85,7 @@ func TestFullL3KeepsServing(t *testing.T) {
 	if r := e.serve(t, a); r.HitTokens != 6*testPS {
 		t.Fatalf("L2 hit with a full L3: %+v", r)
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.cache.Stats(); s.L3.Faults["no_space"] == 0 || s.L3.BackedUpTokens != 0 {

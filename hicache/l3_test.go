@@ -165,7 +165,7 @@ func warm(t *testing.T, backend storage.Backend, seqs ...[]uint32) {
 	for _, s := range seqs {
 		e.serve(t, s)
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if s := e.cache.Stats(); s.L3.BackedUpTokens == 0 {
@@ -181,7 +181,7 @@ func (e *env) serveWith(t *testing.T, tokens []uint32, ns pagekey.Namespace) *Re
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Wait(context.Background()); err != nil {
+	if err := r.Wait(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	verified := r.HitTokens - r.DraftRecomputeTokens
@@ -216,7 +216,7 @@ func TestL3HitsAcrossCaches(t *testing.T) {
 	if r.L3Tokens != 10*testPS || r.L2Tokens != 0 || r.DraftRecomputeTokens != 0 {
 		t.Fatalf("L3 hit through L2: L1 %d L2 %d L3 %d recompute %d", r.L1Tokens, r.L2Tokens, r.L3Tokens, r.DraftRecomputeTokens)
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	s := e.cache.Stats()
@@ -251,7 +251,7 @@ func TestDraftPoolRefusedServesTargetHitsWithRecompute(t *testing.T) {
 	if r.L1Tokens != 10*testPS {
 		t.Fatalf("after finish: %+v", r)
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	s = e.cache.Stats()
@@ -307,7 +307,7 @@ func TestFailingBackendGivesMissesAndCountsFaults(t *testing.T) {
 		t.Fatalf("hit from a failing backend: %+v", r)
 	}
 	e.serve(t, seq(5, 6*testPS)) // L1/L2 serve on
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	s := e.cache.Stats()
@@ -334,7 +334,7 @@ func TestHangingBackendNeverBlocksPastTheDeadline(t *testing.T) {
 	if took := time.Since(start); took > 2*time.Second || r.HitTokens != 0 {
 		t.Fatalf("hanging backend: %v, hit %d", took, r.HitTokens)
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	s := e.cache.Stats()
@@ -354,12 +354,12 @@ func TestCanceledPrefetchReturnsItsPages(t *testing.T) {
 			t.Fatal("no prefetch")
 		}
 		if i == 1 {
-			<-p.Done() // cancel after it finished, before any Match took it
+			waitDone(t, p) // cancel after it finished, before any Match took it
 		}
 		p.Cancel()
 		p.Cancel()
 	}
-	if err := e.cache.Sync(context.Background()); err != nil {
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	s := e.cache.Stats()
@@ -399,7 +399,7 @@ func TestConcurrentPrefetchesOfOnePrefixFetchOnce(t *testing.T) {
 		t.Fatalf("hits %d and %d", r1.HitTokens, r2.HitTokens)
 	}
 	for _, r := range []*Request{r1, r2} {
-		if err := r.Wait(context.Background()); err != nil {
+		if err := r.Wait(waitCtx(t)); err != nil {
 			t.Fatal(err)
 		}
 		e.verify(t, a, r.DevicePages, r.HitTokens)
@@ -416,5 +416,115 @@ func TestConcurrentPrefetchesOfOnePrefixFetchOnce(t *testing.T) {
 	}
 	if _, err := e.cache.Match(context.Background(), a, MatchOptions{Prefetch: p1}); !errors.Is(err, ErrRequest) {
 		t.Fatalf("prefetch used twice: %v", err)
+	}
+}
+
+// waitDone waits for p to finish, failing the test after 10 s.
+func waitDone(t *testing.T, p *Prefetch) {
+	t.Helper()
+	select {
+	case <-p.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("prefetch of %d tokens not done within 10s (outcome %q)", p.Tokens, p.Outcome())
+	}
+}
+
+// warmShortDraft leaves L3 with all 10 pages of a in the target pool and only the
+// first 6 in the draft pool: a draft pool that was refused L3 while the last 4
+// were backed up.
+func warmShortDraft(t *testing.T, backend *memBackend, a []uint32) {
+	t.Helper()
+	warm(t, backend, a[:6*testPS])
+	backend.reject["draft"] = errors.New("draft pool refused for this test")
+	warm(t, backend, a)
+	delete(backend.reject, "draft")
+	spec, ok := backend.spec("draft")
+	if !ok {
+		t.Fatal("draft pool never registered")
+	}
+	h, err := pagekey.New(pagekey.Config{PageSize: testPS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := h.Keys(h.Seed(pagekey.Namespace{}), a)
+	backend.mu.Lock()
+	defer backend.mu.Unlock()
+	for i, k := range keys {
+		_, has := backend.objects[objKey(spec, k, 0)]
+		if has != (i < 6) {
+			t.Fatalf("draft page %d in L3: %v, want it only for pages 0-5", i, has)
+		}
+	}
+}
+
+// When the draft pool's L3 holds fewer pages of a prefix than the target's, the
+// draft policy decides the hit: required serves as L3 hits only the pages every
+// pool has; best_effort serves every target page and names the pages whose draft
+// KV the engine recomputes. Either way no page whose draft KV is missing enters
+// the tree, where a later hit would serve it as complete.
+func TestDraftPoolWithFewerL3PagesLimitsTheHit(t *testing.T) {
+	a := seq(1, 10*testPS)
+	for _, c := range []struct {
+		policy                DraftPolicy
+		l3, recomputeFrom, rc int // tokens
+		untaken               int // L2 hit tokens an untaken prefetch leaves
+	}{
+		// The 6 pages every pool has become L2 pages of the tree.
+		{DraftRequired, 6 * testPS, 0, 0, 6 * testPS},
+		// Pages with draft KV missing are kept for the request that prefetched
+		// them, and returned when it does not take them.
+		{DraftBestEffort, 10 * testPS, 6 * testPS, 4 * testPS, 0},
+	} {
+		t.Run(c.policy.String(), func(t *testing.T) {
+			backend := newMemBackend()
+			warmShortDraft(t, backend, a)
+			cfg := l3Config()
+			cfg.L3.DraftPolicy = c.policy
+			cfg.L3.PrefetchPolicy = WaitComplete
+
+			// A request that takes its prefetch: serveWith verifies every pool's
+			// KV of the pages not marked for recompute, and the target's of the rest.
+			e := newEnvWith(t, cfg, 32, 64, Options{Storage: backend}, hostmem.Mmap)
+			r := e.serveWith(t, a, pagekey.Namespace{})
+			if r.L3Tokens != c.l3 || r.L1Tokens != 0 || r.L2Tokens != 0 ||
+				r.DraftRecomputeFrom != c.recomputeFrom || r.DraftRecomputeTokens != c.rc {
+				t.Fatalf("L3 hit of a prefix whose draft pages stop at page 6: L1 %d L2 %d L3 %d, draft recompute [%d,+%d); want L3 %d, recompute [%d,+%d)",
+					r.L1Tokens, r.L2Tokens, r.L3Tokens, r.DraftRecomputeFrom, r.DraftRecomputeTokens, c.l3, c.recomputeFrom, c.rc)
+			}
+			if err := e.cache.Sync(waitCtx(t)); err != nil {
+				t.Fatal(err)
+			}
+			if s := e.cache.Stats(); s.HitTokensL3 != int64(c.l3) || s.DraftRecomputeTokens != int64(c.rc) || s.L3.ReservedPages != 0 {
+				t.Fatalf("stats: L3 hits %d, draft recompute %d, reserved %d; want %d, %d, 0",
+					s.HitTokensL3, s.DraftRecomputeTokens, s.L3.ReservedPages, c.l3, c.rc)
+			}
+			e.checkTree(t)
+
+			// A prefetch nobody takes: what it leaves in the tree is what a later
+			// request without a prefetch finds in L2, and serve verifies every pool.
+			// (A fresh L3: the request above backed up the draft KV it recomputed.)
+			backend = newMemBackend()
+			warmShortDraft(t, backend, a)
+			e = newEnvWith(t, cfg, 32, 64, Options{Storage: backend}, hostmem.Mmap)
+			p := e.cache.Prefetch(a, pagekey.Namespace{})
+			if p == nil {
+				t.Fatal("no prefetch of a prefix L3 holds")
+			}
+			waitDone(t, p)
+			if got := p.Pages(); got*testPS != c.l3 {
+				t.Fatalf("prefetch brought %d pages, want %d", got, c.l3/testPS)
+			}
+			p.Cancel()
+			if err := e.cache.Sync(waitCtx(t)); err != nil {
+				t.Fatal(err)
+			}
+			if r := e.serve(t, a); r.L2Tokens != c.untaken || r.L1Tokens != 0 {
+				t.Fatalf("after an untaken prefetch: L1 %d L2 %d hit tokens; want L2 %d", r.L1Tokens, r.L2Tokens, c.untaken)
+			}
+			if s := e.cache.Stats(); s.L3.ReservedPages != 0 {
+				t.Fatalf("%d host pages still reserved", s.L3.ReservedPages)
+			}
+			e.checkTree(t)
+		})
 	}
 }

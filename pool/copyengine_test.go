@@ -1,8 +1,12 @@
 package pool
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -192,6 +196,56 @@ func TestLayersCompleteInOrderBeforeTheWhole(t *testing.T) {
 	}
 }
 
+// Pools of one geometry are told apart only by name: a device group in another
+// order than the host group, or with a pool the host group does not have, would
+// copy one pool's KV into another's. Validate, the copy engine and a device pool's
+// own copies refuse the pairing.
+func TestPairingRefusesPoolsOfAnotherName(t *testing.T) {
+	same := []kvlayout.Geometry{testTarget, testTarget}
+	host, dev := newGroups(t, kvlayout.PageFirst, kvlayout.LayerFirst, same, 4, 4)
+	if err := dev.Validate(host); err != nil {
+		t.Fatalf("matching groups: %v", err)
+	}
+	swapped := DeviceGroup{Pools: []DevicePool{dev.Pools[1], dev.Pools[0]}, Pages: dev.Pages}
+	a := testAllocator(t, hostmem.Mmap)
+	renamed, closeRenamed, err := NewMemDeviceGroup(GroupSpec{
+		Pools:  []PoolSpec{{Name: "kv", Geometry: testTarget}, {Name: "other", Geometry: testTarget}},
+		Layout: kvlayout.LayerFirst, PageSize: 4, Pages: 4,
+	}, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeRenamed() })
+	e := newEngine(t, 2)
+	for _, c := range []struct {
+		name string
+		dev  DeviceGroup
+		want string // the names the error must give
+	}{
+		{"pools in another order", swapped, `device pool "draft" paired with host pool "kv"`},
+		{"a pool of another name", renamed, `device pool "other" paired with host pool "draft"`},
+	} {
+		err := c.dev.Validate(host)
+		if !errors.Is(err, ErrMismatch) || !strings.Contains(fmt.Sprint(err), c.want) {
+			t.Errorf("%s: Validate = %v; want ErrMismatch naming %s", c.name, err, c.want)
+		}
+		if _, err := e.Load(c.dev, host, []PageMove{{0, 0}}); !errors.Is(err, ErrMismatch) {
+			t.Errorf("%s: Load = %v; want ErrMismatch", c.name, err)
+		}
+		if _, err := e.Backup(c.dev, host, []PageMove{{0, 0}}); !errors.Is(err, ErrMismatch) {
+			t.Errorf("%s: Backup = %v; want ErrMismatch", c.name, err)
+		}
+	}
+	// A device pool asked to copy with a host pool of another name refuses too.
+	kv, draft := dev.Pools[0].(*MemDevicePool), host.Pool("draft")
+	if err := kv.LoadLayer(0, draft, []PageMove{{0, 0}}); !errors.Is(err, ErrMismatch) {
+		t.Errorf("LoadLayer of pool kv from host pool draft: %v", err)
+	}
+	if err := kv.BackupLayers(0, 1, draft, []PageMove{{0, 0}}); !errors.Is(err, ErrMismatch) {
+		t.Errorf("BackupLayers of pool kv into host pool draft: %v", err)
+	}
+}
+
 type failingDevice struct{ *MemDevicePool }
 
 func (f failingDevice) LoadLayer(layer int, host *HostPool, moves []PageMove) error {
@@ -255,6 +309,7 @@ func TestCloseFailsQueuedTransfers(t *testing.T) {
 	closed := make(chan struct{})
 	go func() { e.Close(); close(closed) }()
 	// Release layer 0 only once Close has marked the engine closed.
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		e.mu.Lock()
 		c := e.closed
@@ -262,11 +317,21 @@ func TestCloseFailsQueuedTransfers(t *testing.T) {
 		if c {
 			break
 		}
+		if time.Now().After(deadline) {
+			close(gd.gate)
+			t.Fatal("Close did not mark the engine closed within 10s")
+		}
 		time.Sleep(time.Millisecond)
 	}
 	close(gd.gate)
-	<-closed
-	if err := tr.Wait(context.Background()); !errors.Is(err, ErrClosed) {
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return within 10s of the running job's end")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tr.Wait(ctx); !errors.Is(err, ErrClosed) {
 		t.Fatalf("queued layers after Close: %v", err)
 	}
 	if _, err := e.Load(dev, host, nil); !errors.Is(err, ErrClosed) {
@@ -275,19 +340,68 @@ func TestCloseFailsQueuedTransfers(t *testing.T) {
 	e.Close()
 }
 
+// enteredDevice is a gatedDevice that says when the held layer's copy has started.
+type enteredDevice struct {
+	*gatedDevice
+	entered chan struct{}
+	once    sync.Once
+}
+
+func (d *enteredDevice) LoadLayer(layer int, host *HostPool, moves []PageMove) error {
+	if layer == d.gateLayer {
+		d.once.Do(func() { close(d.entered) })
+	}
+	return d.gatedDevice.LoadLayer(layer, host, moves)
+}
+
+// A transfer canceled while its first layer copies finishes that layer and skips
+// the layers queued behind it: they are not copied, and Wait says so.
 func TestCancelSkipsQueuedLayers(t *testing.T) {
 	host, dev := newGroups(t, kvlayout.PageFirst, kvlayout.LayerFirst, []kvlayout.Geometry{testTarget}, 4, 4)
-	gd := &gatedDevice{MemDevicePool: dev.Pools[0].(*MemDevicePool), gateLayer: 0, gate: make(chan struct{})}
+	m := dev.Pools[0].(*MemDevicePool)
+	gd := &enteredDevice{gatedDevice: &gatedDevice{MemDevicePool: m, gateLayer: 0, gate: make(chan struct{})}, entered: make(chan struct{})}
 	dev.Pools[0] = gd
 	e := newEngine(t, 1)
+	hb := host.Target().Bytes()
+	for i := range hb {
+		hb[i] = 0xa5
+	}
+	before := slices.Clone(m.Bytes())
 	tr, err := e.Load(dev, host, []PageMove{{0, 0}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	select {
+	case <-gd.entered:
+	case <-time.After(10 * time.Second):
+		close(gd.gate)
+		t.Fatal("layer 0's copy did not start within 10s")
+	}
 	tr.Cancel()
 	close(gd.gate)
-	if err := tr.Wait(context.Background()); !errors.Is(err, context.Canceled) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tr.Wait(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("canceled transfer: %v", err)
+	}
+	l := m.Layout()
+	layerBytes := int64(l.Geometry.Buffers() * l.PageSize * l.Geometry.TokenLayerBytes())
+	if s := e.Stats(); s.CopiedBytes != layerBytes {
+		t.Fatalf("copied %d bytes after the cancel; want layer 0's %d alone", s.CopiedBytes, layerBytes)
+	}
+	// The host page holds 0xa5 everywhere: layer 0 arrived, the others did not.
+	n := int64(l.PageSize * l.Geometry.TokenLayerBytes())
+	for buf := 0; buf < l.Geometry.Buffers(); buf++ {
+		for layer := 0; layer < l.Geometry.Layers; layer++ {
+			off := l.Offset(buf, layer, 0)
+			got, want := m.Bytes()[off:off+n], before[off:off+n]
+			if layer == 0 {
+				want = hb[:n]
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("buffer %d layer %d of the device page after the cancel: copied %v, want %v", buf, layer, layer != 0, layer == 0)
+			}
+		}
 	}
 }
 

@@ -100,18 +100,21 @@ func TestGroupSharesOnePageSpace(t *testing.T) {
 
 func TestBuildGroupRejectsBadSpecs(t *testing.T) {
 	a := testAllocator(t, hostmem.Mmap)
-	bad := []GroupSpec{
-		{},
-		{Pools: []PoolSpec{{Name: "kv", Geometry: testTarget}, {Name: "kv", Geometry: testDraft}}, PageSize: 4, Pages: 4},
-		{Pools: []PoolSpec{{Name: "KV!", Geometry: testTarget}}, PageSize: 4, Pages: 4},
-		{Pools: []PoolSpec{{Name: "", Geometry: testTarget}}, PageSize: 4, Pages: 4},
-		{Pools: []PoolSpec{{Name: "kv", Geometry: testTarget}}, PageSize: 0, Pages: 4},
-		{Pools: []PoolSpec{{Name: "kv", Geometry: testTarget}}, PageSize: 4, Pages: 0},
-		{Pools: []PoolSpec{{Name: "kv", Geometry: kvlayout.Geometry{Layers: 1}}}, PageSize: 4, Pages: 4},
-	}
-	for i, s := range bad {
-		if _, err := BuildGroup(s, a); err == nil {
-			t.Errorf("spec %d built", i)
+	for _, c := range []struct {
+		name string
+		spec GroupSpec
+		want error
+	}{
+		{"no pools", GroupSpec{}, ErrConfig},
+		{"a pool twice", GroupSpec{Pools: []PoolSpec{{Name: "kv", Geometry: testTarget}, {Name: "kv", Geometry: testDraft}}, PageSize: 4, Pages: 4}, ErrConfig},
+		{"a bad name", GroupSpec{Pools: []PoolSpec{{Name: "KV!", Geometry: testTarget}}, PageSize: 4, Pages: 4}, ErrConfig},
+		{"no name", GroupSpec{Pools: []PoolSpec{{Name: "", Geometry: testTarget}}, PageSize: 4, Pages: 4}, ErrConfig},
+		{"page size 0", GroupSpec{Pools: []PoolSpec{{Name: "kv", Geometry: testTarget}}, PageSize: 0, Pages: 4}, kvlayout.ErrLayout},
+		{"no pages", GroupSpec{Pools: []PoolSpec{{Name: "kv", Geometry: testTarget}}, PageSize: 4, Pages: 0}, kvlayout.ErrLayout},
+		{"a bad geometry", GroupSpec{Pools: []PoolSpec{{Name: "kv", Geometry: kvlayout.Geometry{Layers: 1}}}, PageSize: 4, Pages: 4}, kvlayout.ErrGeometry},
+	} {
+		if g, err := BuildGroup(c.spec, a); !errors.Is(err, c.want) || g != nil {
+			t.Errorf("%s: BuildGroup = %v, %v; want no group and %v", c.name, g, err, c.want)
 		}
 	}
 	if _, err := BuildGroup(testSpec(kvlayout.PageFirst, 4), nil); !errors.Is(err, ErrConfig) {

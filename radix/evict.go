@@ -145,7 +145,9 @@ func (t *Tree[E]) Remove(n *Node[E]) (device, host []pool.PageID, err error) {
 
 // EvictDevice frees at least n device pages if it can, victim by victim in policy
 // order: a victim backed up in L2 stays cached there; one that is not is removed
-// with its subtree (whose host pages are returned too).
+// with its subtree (whose host pages are returned too). A victim the device heap
+// offers that cannot be dropped is the tree's own invariant broken: it panics
+// (see the package comment) rather than offer the same victim forever.
 func (t *Tree[E]) EvictDevice(n int) (device, host []pool.PageID) {
 	for len(device) < n {
 		v := t.DeviceVictim()
@@ -153,11 +155,17 @@ func (t *Tree[E]) EvictDevice(n int) (device, host []pool.PageID) {
 			break
 		}
 		if v.host != nil {
-			d, _ := t.DropDevice(v)
+			d, err := t.DropDevice(v)
+			if err != nil {
+				t.victimBroken("EvictDevice", "drop from L1", v, err)
+			}
 			device = append(device, d...)
 			continue
 		}
-		d, h, _ := t.Remove(v)
+		d, h, err := t.Remove(v)
+		if err != nil {
+			t.victimBroken("EvictDevice", "remove", v, err)
+		}
 		device = append(device, d...)
 		host = append(host, h...)
 	}
@@ -165,15 +173,29 @@ func (t *Tree[E]) EvictDevice(n int) (device, host []pool.PageID) {
 }
 
 // EvictHost frees at least n host pages if it can by removing L2-only leaves in
-// policy order.
+// policy order. Like EvictDevice, it panics on a victim it cannot remove.
 func (t *Tree[E]) EvictHost(n int) (host []pool.PageID) {
 	for len(host) < n {
 		v := t.HostVictim()
 		if v == nil {
 			break
 		}
-		_, h, _ := t.Remove(v)
+		_, h, err := t.Remove(v)
+		if err != nil {
+			t.victimBroken("EvictHost", "remove", v, err)
+		}
 		host = append(host, h...)
 	}
 	return host
+}
+
+// victimBroken panics for a victim that a victim heap offered but that cannot go:
+// the heap's view of the node and the method's disagree (a stale heap entry, or
+// the rules out of step), which only a bug in the tree can cause.
+func (t *Tree[E]) victimBroken(op, what string, v *Node[E], err error) {
+	panic(fmt.Sprintf("radix: %s: cannot %s the victim its heap offered (%d pages at depth %d, in L1 %v, in L2 %v, "+
+		"lock count %d, host references %d, children %d of which %d in L1, removed %v): %v; "+
+		"a bug in the tree: its victim heaps and its methods disagree about this node",
+		op, what, v.Pages(), v.Depth(), v.device != nil, v.host != nil, v.lockRef, v.hostRef,
+		len(v.children), v.deviceChildren, v.removed, err))
 }

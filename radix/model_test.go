@@ -216,6 +216,40 @@ func (m *machine[E]) match(t *rapid.T) {
 	}
 }
 
+// splitHeld matches a key that ends inside a node the machine holds a lock or a
+// host reference on: the split's new head must take the node's counts, which
+// check compares with the machine's. Plain matches and inserts reach such splits
+// too, but seldom.
+func (m *machine[E]) splitHeld(t *rapid.T) {
+	var cand []*Node[E]
+	for _, n := range append(slices.Clone(m.locks), m.refs...) {
+		if n.Pages() > 1 {
+			cand = append(cand, n)
+		}
+	}
+	if len(cand) == 0 {
+		t.Skip("no held node of several pages")
+	}
+	n := rapid.SampledFrom(cand).Draw(t, "held")
+	var ns pagekey.Key
+	var key []E
+	m.tree.Walk(func(s pagekey.Key, prefix []E, x *Node[E]) bool {
+		if x == n {
+			ns, key = s, slices.Clone(prefix)
+			return false
+		}
+		return true
+	})
+	if key == nil {
+		t.Fatalf("held node of %d pages is not in the tree", n.Pages())
+	}
+	key = key[:len(key)-rapid.IntRange(1, n.Pages()-1).Draw(t, "cut")*m.ps]
+	want := m.modelMatch(ns, key)
+	if res := m.tree.Match(ns, key); res.Pages != want || res.Last != n.parent {
+		t.Fatalf("match inside a held node: %d pages, model %d; split head is the node's parent: %v", res.Pages, want, res.Last == n.parent)
+	}
+}
+
 func (m *machine[E]) unlock(t *rapid.T) {
 	if len(m.locks) == 0 {
 		t.Skip("no locks")
@@ -460,6 +494,7 @@ func (m *machine[E]) check(t *rapid.T) {
 	if seen != len(m.model) {
 		t.Fatalf("tree holds %d pages, model %d", seen, len(m.model))
 	}
+	m.checkRefs(t)
 	// No page leaks: every allocated page is held by the tree, exactly once.
 	if len(devHeld) != len(m.dev.live) || len(hostHeld) != len(m.host.live) {
 		t.Fatalf("allocated %d device/%d host pages, tree holds %d/%d", len(m.dev.live), len(m.host.live), len(devHeld), len(hostHeld))
@@ -474,6 +509,29 @@ func (m *machine[E]) check(t *rapid.T) {
 			t.Fatalf("tree holds host page %d that is not allocated", p)
 		}
 	}
+}
+
+// checkRefs compares every node's lock and host reference counts with the
+// model's: each lock and host reference the machine holds counts on its node and
+// on every ancestor, whatever splits have cut the path since it was taken.
+func (m *machine[E]) checkRefs(t *rapid.T) {
+	want := map[*Node[E]][2]int32{}
+	for i, held := range [][]*Node[E]{m.locks, m.refs} {
+		for _, n := range held {
+			for x := n; x.parent != nil; x = x.parent {
+				c := want[x]
+				c[i]++
+				want[x] = c
+			}
+		}
+	}
+	m.tree.Walk(func(ns pagekey.Key, prefix []E, n *Node[E]) bool {
+		if w := want[n]; n.lockRef != w[0] || n.hostRef != w[1] {
+			t.Fatalf("node %v (%d pages): lock count %d, host references %d; the machine holds %d and %d on it and below",
+				prefix, n.Pages(), n.lockRef, n.hostRef, w[0], w[1])
+		}
+		return true
+	})
 }
 
 func newMachine[E Elem](t *rapid.T, cfg Config, lift func(uint32) E) *machine[E] {
@@ -500,6 +558,7 @@ func (m *machine[E]) actions() map[string]func(*rapid.T) {
 		"insert":      m.insert,
 		"match":       m.match,
 		"unlock":      m.unlock,
+		"splitHeld":   m.splitHeld,
 		"backup":      m.backup,
 		"load":        m.load,
 		"hostRef":     m.hostRef,

@@ -9,6 +9,17 @@
 // A Tree is not safe for concurrent use: its owner (hicache.Cache) serialises calls.
 // Keys are plain tokens (Tree[uint32]) or EAGLE bigrams packed as
 // uint64(t[i])<<32|t[i+1] (Tree[uint64]).
+//
+// Errors and panics follow the project's rule: what a caller can get wrong is an
+// error, an invariant of the tree's own is a panic. A method asked to do what the
+// node's state does not allow (lock a node that left the tree, drop a tier it is
+// not in, release a count it does not hold, insert past MaxPages) returns an error
+// wrapping ErrNode, ErrPages, ErrLocked or ErrFull and changes nothing: the
+// caller's bookkeeping is wrong, and the caller decides what that means. The
+// eviction loops (EvictDevice, EvictHost) pick their victims from the tree's own
+// heaps, so a victim that cannot be dropped means the heaps and the nodes
+// disagree, which no caller can cause or repair: they panic, naming the victim's
+// state, instead of returning the error or offering the same victim forever.
 package radix
 
 import (

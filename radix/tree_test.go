@@ -3,7 +3,9 @@ package radix
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
@@ -413,5 +415,159 @@ func TestPageKeysFollowSplitsAndInsertHost(t *testing.T) {
 	}
 	if err := tree.Check(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A split gives the new head the lock and host references of the node it cuts:
+// every reference on the tail holds its ancestors, the head now among them. Until
+// they are released neither half is evicted from either tier; after, Unlock and
+// HostUnref succeed and both halves become victims. Match, Insert and InsertHost
+// each split.
+func TestSplitKeepsLockAndHostCounts(t *testing.T) {
+	splits := []struct {
+		name  string
+		split func(*Tree[uint32]) error
+	}{
+		{"match", func(tree *Tree[uint32]) error { tree.Match(noNS, []uint32{1, 2}); return nil }},
+		{"insert", func(tree *Tree[uint32]) error {
+			_, err := tree.Insert(noNS, []uint32{1, 2, 9}, pages(1, 2, 9), nil)
+			return err
+		}},
+		{"insertHost", func(tree *Tree[uint32]) error {
+			_, _, err := tree.InsertHost(noNS, []uint32{1, 2, 8}, pages(20), nil)
+			return err
+		}},
+	}
+	for _, s := range splits {
+		t.Run(s.name, func(t *testing.T) {
+			tree := newTree(t, 1, LRU)
+			mustInsert(t, tree, []uint32{1, 2, 3, 4}, pages(1, 2, 3, 4))
+			tail := tree.Match(noNS, []uint32{1, 2, 3, 4}).Last
+			if err := tree.SetHost(tail, pages(11, 12, 13, 14)); err != nil {
+				t.Fatal(err)
+			}
+			for range 2 {
+				if err := errors.Join(tree.Lock(tail), tree.HostRef(tail)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := s.split(tree); err != nil {
+				t.Fatal(err)
+			}
+			head := tail.Parent()
+			if head.IsRoot() || head.Pages() != 2 || tail.Pages() != 2 {
+				t.Fatalf("no split at page 2: head of %d pages, tail of %d", head.Pages(), tail.Pages())
+			}
+			for _, h := range []struct {
+				what string
+				n    *Node[uint32]
+			}{{"head", head}, {"tail", tail}} {
+				if h.n.lockRef != 2 || h.n.hostRef != 2 {
+					t.Fatalf("%s after the split: lock count %d, host references %d; want 2 and 2", h.what, h.n.lockRef, h.n.hostRef)
+				}
+			}
+			if err := tree.Check(); err != nil {
+				t.Fatal(err)
+			}
+			dev, host := tree.EvictDevice(100)
+			host = append(host, tree.EvictHost(100)...)
+			for _, p := range append(dev, host...) {
+				if p <= 4 || p >= 11 && p <= 14 {
+					t.Fatalf("evicted page %d of the locked, referenced prefix (freed %v and %v)", p, dev, host)
+				}
+			}
+			for range 2 {
+				if err := errors.Join(tree.Unlock(tail), tree.HostUnref(tail)); err != nil {
+					t.Fatalf("release after the split: %v", err)
+				}
+			}
+			if head.Locked() || tail.Locked() || head.HostRef() != 0 || tail.HostRef() != 0 {
+				t.Fatalf("released: head lock %d refs %d, tail lock %d refs %d", head.lockRef, head.hostRef, tail.lockRef, tail.hostRef)
+			}
+			if err := tree.Unlock(tail); !errors.Is(err, ErrLocked) {
+				t.Fatalf("unlock with no lock held: %v", err)
+			}
+			if err := tree.Check(); err != nil {
+				t.Fatal(err)
+			}
+			dev, _ = tree.EvictDevice(100)
+			host = tree.EvictHost(100)
+			slices.Sort(dev)
+			slices.Sort(host)
+			if !slices.Equal(dev, pages(1, 2, 3, 4)) || !slices.Equal(host, pages(11, 12, 13, 14)) || tree.Nodes() != 0 {
+				t.Fatalf("after release evicted device %v, host %v, %d nodes left; want all of the prefix", dev, host, tree.Nodes())
+			}
+		})
+	}
+}
+
+// evictPanic runs evict and returns what it panicked with (nil if it returned). An
+// eviction loop that keeps retrying a victim it cannot drop fails the test after
+// 10 s instead of hanging it; its goroutine spins on until the test binary exits.
+func evictPanic(t *testing.T, what string, evict func()) any {
+	t.Helper()
+	res := make(chan any, 1)
+	go func() {
+		defer func() { res <- recover() }()
+		evict()
+	}()
+	select {
+	case p := <-res:
+		return p
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not return within 10s: it offers the same victim forever", what)
+		return nil
+	}
+}
+
+// A victim the heaps offer that cannot be dropped is the tree's own invariant
+// broken (here: a count set behind the heaps' back). The eviction loops panic
+// with the victim's state instead of retrying it forever.
+func TestEvictionOfAVictimThatCannotGoPanics(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		setup func(*testing.T, *Tree[uint32]) *Node[uint32]
+		evict func(*Tree[uint32])
+		want  []string
+	}{
+		{"EvictDevice of a victim in L2", func(t *testing.T, tree *Tree[uint32]) *Node[uint32] {
+			n := mustInsert(t, tree, []uint32{1}, pages(1)).Last
+			if err := tree.SetHost(n, pages(11)); err != nil {
+				t.Fatal(err)
+			}
+			n.lockRef = 1
+			return n
+		}, func(tree *Tree[uint32]) { tree.EvictDevice(1) }, []string{"radix: EvictDevice: cannot drop from L1", "lock count 1", ErrNode.Error()}},
+		{"EvictDevice of a victim in L1 only", func(t *testing.T, tree *Tree[uint32]) *Node[uint32] {
+			n := mustInsert(t, tree, []uint32{2}, pages(2)).Last
+			n.lockRef = 1
+			return n
+		}, func(tree *Tree[uint32]) { tree.EvictDevice(1) }, []string{"radix: EvictDevice: cannot remove", "lock count 1", ErrNode.Error()}},
+		{"EvictHost", func(t *testing.T, tree *Tree[uint32]) *Node[uint32] {
+			n := mustInsert(t, tree, []uint32{3}, pages(3)).Last
+			if err := tree.SetHost(n, pages(13)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tree.DropDevice(n); err != nil {
+				t.Fatal(err)
+			}
+			n.hostRef = 1
+			return n
+		}, func(tree *Tree[uint32]) { tree.EvictHost(1) }, []string{"radix: EvictHost: cannot remove", "host references 1", ErrNode.Error()}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tree := newTree(t, 1, LRU)
+			c.setup(t, tree)
+			if err := tree.Check(); err == nil {
+				t.Fatal("Check finds nothing wrong with a victim whose count changed behind the heaps")
+			}
+			p := evictPanic(t, c.name, func() { c.evict(tree) })
+			msg, _ := p.(string)
+			for _, w := range c.want {
+				if !strings.Contains(msg, w) {
+					t.Fatalf("%s panicked with %v; want a message with %q", c.name, p, w)
+				}
+			}
+		})
 	}
 }

@@ -315,6 +315,27 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// pauseEvictor stops a's background evictor and returns a function that starts it
+// again. While it is paused, a request for an eviction pass stays in a.wake, so a
+// test can tell whether an operation asked for one (evictorAsked) whatever the
+// scheduling, instead of sleeping and hoping the evictor would have run by then.
+func pauseEvictor(a *Arena) (resume func()) {
+	close(a.stop)
+	a.done.Wait()
+	a.stop = make(chan struct{}) // for resume, and for Close
+	return func() {
+		a.done.Add(1)
+		go a.background()
+	}
+}
+
+// evictorAsked reports whether a pass of the paused evictor has been asked for.
+func evictorAsked(a *Arena) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.wake) > 0
+}
+
 func TestBackgroundEvictionToLowWatermark(t *testing.T) {
 	const obj = 64 << 10
 	const n = 64 // objects that fill the arena
@@ -335,31 +356,33 @@ func TestBackgroundEvictionToLowWatermark(t *testing.T) {
 	}
 	a := newArena(t, cfg)
 	key := func(i int) string { return fmt.Sprintf("obj-%02d", i) }
-	// 0.90 of 64 objects is 57.6: the 58th passes the high watermark.
+	// 0.90 of 64 objects is 57.6: the 58th passes the high watermark. Until it,
+	// no Commit or Release may ask for a pass (the fill is past the low
+	// watermark from the 55th on): the paused evictor keeps any request.
+	resume := pauseEvictor(a)
 	for i := range 57 {
 		put(t, a, key(i), 3, obj)
+		if evictorAsked(a) {
+			t.Fatalf("object %d of 64 asked for an eviction pass below the high watermark", i+1)
+		}
 	}
 	read(t, a, key(0), 3, obj) // object 0 is now the most recently used
-	time.Sleep(20 * time.Millisecond)
-	if st := a.Stats(); st.Evictions != 0 {
-		t.Fatalf("evicted below the high watermark: %+v", st)
+	if evictorAsked(a) {
+		t.Fatal("a read below the high watermark asked for an eviction pass")
 	}
 	put(t, a, key(57), 3, obj)
+	if !evictorAsked(a) {
+		t.Fatal("the object past the high watermark asked for no eviction pass")
+	}
+	if st := a.Stats(); st.Evictions != 0 || st.Objects != 58 {
+		t.Fatalf("evicted with the evictor paused: %+v", st)
+	}
+	resume()
 	// 0.85 of 64 is 54.4: eviction stops at 54 objects, after 4 victims.
-	waitFor(t, "eviction to the low watermark", func() bool { return a.Stats().Evictions == 4 })
-	time.Sleep(20 * time.Millisecond) // and no further
+	waitFor(t, "eviction to the low watermark", func() bool { return a.Stats().Evictions >= 4 })
 	st := a.Stats()
 	if st.UsedBytes > int64(0.85*float64(st.SizeBytes)) || st.Objects != 54 || st.Evictions != 4 {
 		t.Fatalf("after eviction: %+v", st)
-	}
-	if st.Spilled != 2 || st.Dropped != 2 || st.EvictedBytes != 4*obj {
-		t.Fatalf("spilled %d, dropped %d, evicted bytes %d; want 2, 2, %d", st.Spilled, st.Dropped, st.EvictedBytes, 4*obj)
-	}
-	mu.Lock()
-	got := fmt.Sprint(victims)
-	mu.Unlock()
-	if want := fmt.Sprint([]string{key(1), key(2), key(3), key(4)}); got != want {
-		t.Fatalf("victims %s, want %s (least recently used first, object 0 was read)", got, want)
 	}
 	read(t, a, key(0), 3, obj)
 	for i := 1; i <= 4; i++ {
@@ -368,6 +391,23 @@ func TestBackgroundEvictionToLowWatermark(t *testing.T) {
 		}
 	}
 	mustCheck(t, a)
+	// And no further. When Stats saw the 4th eviction the pass held no lock, so it
+	// was over or already in the next victim's OnEvict; Close waits for the pass
+	// to end, so the counters after it are final.
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st = a.Stats()
+	if st.Evictions != 4 || st.Spilled != 2 || st.Dropped != 2 || st.EvictedBytes != 4*obj {
+		t.Fatalf("evictions %d (spilled %d, dropped %d, %d bytes); want 4 (2, 2, %d bytes): the pass went past the low watermark",
+			st.Evictions, st.Spilled, st.Dropped, st.EvictedBytes, 4*obj)
+	}
+	mu.Lock()
+	got := fmt.Sprint(victims)
+	mu.Unlock()
+	if want := fmt.Sprint([]string{key(1), key(2), key(3), key(4)}); got != want {
+		t.Fatalf("victims %s, want %s (least recently used first, object 0 was read)", got, want)
+	}
 }
 
 func TestFullOfLeasedObjects(t *testing.T) {
@@ -389,8 +429,8 @@ func TestFullOfLeasedObjects(t *testing.T) {
 		}
 		leases = append(leases, l)
 	}
-	// The background evictor wakes and finds nothing to evict.
-	time.Sleep(10 * time.Millisecond)
+	// The high watermark is the whole arena, so nothing wakes the background
+	// evictor: only the Reserve below may change the stats.
 	before := a.Stats()
 	done := make(chan error, 1)
 	go func() {

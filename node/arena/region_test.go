@@ -142,21 +142,28 @@ func TestBackgroundEvictsSparseSlabs(t *testing.T) {
 	cfg := testConfig(t, slabs*64<<10)
 	a := newArena(t, cfg)
 	key := func(i int) string { return fmt.Sprintf("s-%05d", i) }
-	// 14 slabs of 100-byte objects: 87.5 %, below the high watermark (90 %).
+	// 14 slabs of 100-byte objects: 87.5 %, below the high watermark (90 %) and
+	// above the low one, so nothing may ask the evictor for a pass (paused, it
+	// keeps any request where the test sees it).
+	resume := pauseEvictor(a)
 	perSlab := int(int64(64<<10) / classes[classOf(100+7+slotIndexBytes)])
 	n := 14 * perSlab
 	for i := range n {
 		put(t, a, key(i), 1, 100)
 	}
+	if evictorAsked(a) {
+		t.Fatalf("14 of 16 slabs asked for an eviction pass below the high watermark: %+v", a.Stats())
+	}
 	// Nine in ten go: the slabs stay, and the objects hold a tenth of them.
 	for i := range n {
-		if i%10 != 0 {
-			a.Remove(key(i))
+		if i%10 != 0 && !a.Remove(key(i)) {
+			t.Fatalf("remove of %s failed", key(i))
 		}
 	}
-	if st := a.Stats(); st.Slabs != 14 || st.Evictions != 0 {
-		t.Fatalf("after removals: %+v", st)
+	if st := a.Stats(); st.Slabs != 14 || st.Evictions != 0 || st.Objects != int64((n+9)/10) || evictorAsked(a) {
+		t.Fatalf("after removals: %+v, pass asked for %v", st, evictorAsked(a))
 	}
+	resume()
 	// Two slabs of another class fill the extents: past the high watermark.
 	for i := range 100 {
 		put(t, a, fmt.Sprintf("kib-%03d", i), 1, 1000)
