@@ -149,6 +149,9 @@ type hooks struct {
 	// writingThrough runs when the write-through to Redis has leased the
 	// objects of keys from the arena, before it sends them.
 	writingThrough func(keys []string)
+	// copying runs when a get is about to copy an object into the client's
+	// memory, its fence counter raised and its deadline checked.
+	copying func()
 	// spilling runs when the arena evicts key, before the spill stores it:
 	// until it returns, the eviction is in flight.
 	spilling func(key string)

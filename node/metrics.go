@@ -129,7 +129,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	n("misses_total", o.Misses)
 	n("promotions_total", o.Promotions)
 	for kind, v := range map[string]int64{"bad_range": o.BadRanges, "no_space": o.NoSpace, "corrupt": o.Corrupt,
-		"refused_registration": o.Refused, "malformed": o.Malformed, "spill": o.SpillErrors, "busy": o.Busy} {
+		"refused_registration": o.Refused, "malformed": o.Malformed, "spill": o.SpillErrors, "busy": o.Busy, "past_deadline": o.PastDeadline} {
 		n("errors_total", v, kind)
 	}
 	accepting := 0.0

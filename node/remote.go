@@ -240,7 +240,7 @@ func (r *remoteTier) exists(ctx context.Context, keys []string, format uint64) i
 // arena extent (promoted) when there is room, else into a buffer of the
 // service's own, and from there into the client's ranges under the fault guard.
 // results[i] is updated for every item it finds.
-func (c *session) fetchRemote(ctx context.Context, items []wire.Item, missed []int, results []wire.Result) {
+func (c *session) fetchRemote(ctx context.Context, items []wire.Item, w *window, missed []int, results []wire.Result) {
 	r := c.srv.remote
 	st := r.store.Load()
 	if st == nil || len(missed) == 0 {
@@ -260,12 +260,12 @@ func (c *session) fetchRemote(ctx context.Context, items []wire.Item, missed []i
 	var later []int
 	defer func() {
 		for _, i := range later {
-			results[i] = c.getItem(ctx, items[i])
+			results[i] = c.getItem(ctx, items[i], w)
 		}
 	}()
 	for _, i := range missed {
 		it := items[i]
-		res, err := c.resolve(it)
+		res, err := c.resolve(it, w)
 		if err != nil {
 			continue
 		}
@@ -298,14 +298,14 @@ func (c *session) fetchRemote(ctx context.Context, items []wire.Item, missed []i
 		err := errs[k]
 		switch {
 		case err == nil:
-			cerr := copyToRuns(pd.res.runs, pd.buf)
+			cerr := pd.res.win.copyOut(pd.res.runs, pd.buf)
 			// The arena's copy is whole even when the client's memory faulted:
 			// promote it for the next reader.
 			if pd.p != nil && pd.p.Commit() == nil {
 				c.srv.st.promotions.Add(1)
 			}
 			if cerr != nil {
-				results[pd.i] = c.segmentFault(items[pd.i], pd.res, cerr)
+				results[pd.i] = c.copyFailed(items[pd.i], pd.res, cerr)
 				break
 			}
 			results[pd.i] = wire.Result{}

@@ -127,15 +127,17 @@ type resolved struct {
 	// refs are the references done gives back: segs for an item resolved on
 	// its own, none for one of a batch (the batch holds them, see batchRanges).
 	refs []*segment
+	// win is what the client's deadline allows the copies (window.go).
+	win *window
 }
 
 // resolve maps an item's ranges onto the client's segments, taking a reference on
 // each segment used. Ranges outside the client's own segments are refused with a
 // message that lists the client's segments.
-func (c *session) resolve(it wire.Item) (resolved, error) {
+func (c *session) resolve(it wire.Item, w *window) (resolved, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var r resolved
+	r := resolved{win: w}
 	for _, rg := range it.Ranges {
 		seg := c.segments[rg.Segment]
 		if seg == nil || rg.Offset > uint64(len(seg.mem)) || rg.Length > uint64(len(seg.mem))-rg.Offset {
@@ -165,6 +167,7 @@ type batchRanges struct {
 	items []batchItem
 	held  []*segment // each segment used, referenced once until done
 	bytes int64      // of the items that resolved
+	win   *window    // the request's, for every item
 }
 
 type batchItem struct {
@@ -174,12 +177,12 @@ type batchItem struct {
 
 // resolveBatch resolves every item's ranges (see resolve). An item with a range
 // outside the client's segments is marked, not refused here: item tells.
-func (c *session) resolveBatch(items []wire.Item) *batchRanges {
+func (c *session) resolveBatch(items []wire.Item, w *window) *batchRanges {
 	total := 0
 	for i := range items {
 		total += len(items[i].Ranges)
 	}
-	b := &batchRanges{runs: make([][]byte, 0, total), segs: make([]*segment, 0, total), items: make([]batchItem, len(items))}
+	b := &batchRanges{runs: make([][]byte, 0, total), segs: make([]*segment, 0, total), items: make([]batchItem, len(items)), win: w}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var last *segment
@@ -228,7 +231,7 @@ func (b *batchRanges) item(i int) (resolved, bool) {
 			return resolved{}, false
 		}
 	}
-	return resolved{runs: b.runs[it.first:it.end:it.end], size: it.size, segs: segs}, true
+	return resolved{runs: b.runs[it.first:it.end:it.end], size: it.size, segs: segs, win: b.win}, true
 }
 
 // done gives back the batch's references to its segments.

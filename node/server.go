@@ -218,8 +218,11 @@ func (s *Server) Close() error {
 		errs = append(errs, s.admin.Shutdown(ctx))
 		cancel()
 	}
+	// The sessions close their connections once their requests end: a client
+	// that sees its connection closed knows the service copies nothing more
+	// into its memory (window.go).
 	for _, c := range sessions {
-		_ = c.conn.Close()
+		_ = c.conn.CloseRead()
 	}
 	s.wg.Wait()
 	s.closeRemote()

@@ -69,11 +69,13 @@ type session struct {
 	conn *wire.Conn
 	id   uint64
 
-	hello      atomic.Bool
-	name       string
-	pid        int
-	uid        int
-	uidKnown   bool // the kernel told uid (SO_PEERCRED)
+	hello    atomic.Bool
+	name     string
+	pid      int
+	uid      int
+	uidKnown bool // the kernel told uid (SO_PEERCRED)
+	// fence is the connection's fence page (window.go), nil until registered.
+	fence      atomic.Pointer[fence]
 	mu         sync.Mutex
 	segments   map[uint32]*segment
 	nextSeg    uint32
@@ -100,8 +102,13 @@ func (c *session) serve() {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, maxInflight)
 	defer func() {
+		// Every request ends before the connection closes: a client that sees
+		// it closed knows the service copies nothing more for it (window.go).
 		wg.Wait()
 		_ = c.conn.Close()
+		if f := c.fence.Load(); f != nil {
+			f.release()
+		}
 		c.mu.Lock()
 		segs := c.segments
 		c.segments = map[uint32]*segment{}
@@ -252,12 +259,16 @@ func (c *session) handleHello(id uint64, m *wire.Hello) bool {
 	}
 	c.hello.Store(true)
 	c.srv.log.Info("client connected", "client", c.id, "name", c.name, "pid", c.pid)
-	c.reply(id, wire.TypeHelloReply, wire.HelloReply{ClientID: c.id, ServerVersion: serverVersion(), MaxBatch: MaxBatchObjects})
+	c.reply(id, wire.TypeHelloReply, wire.HelloReply{ClientID: c.id, ServerVersion: serverVersion(), MaxBatch: MaxBatchObjects, ClockNS: monoNow()})
 	return true
 }
 
 func (c *session) handleRegister(id uint64, m *wire.RegisterSegment, fds []int) {
 	fd := fds[0]
+	if m.Fence {
+		c.handleFence(id, m, fd)
+		return
+	}
 	refuse := func(code wire.Status, why string) {
 		_ = unix.Close(fd)
 		c.mu.Lock()
@@ -300,6 +311,32 @@ func (c *session) handleRegister(id uint64, m *wire.RegisterSegment, fds []int) 
 	c.registered += int64(m.Size)
 	c.mu.Unlock()
 	c.reply(id, wire.TypeRegisterSegmentReply, wire.RegisterSegmentReply{SegmentID: seg.id})
+}
+
+// handleFence registers the connection's fence page (window.go). It is not a
+// host pool: it counts against no quota (it is one page), and ranges never
+// name it.
+func (c *session) handleFence(id uint64, m *wire.RegisterSegment, fd int) {
+	refuse := func(why string) {
+		_ = unix.Close(fd)
+		c.srv.logs.warn("fence page refused", "client", c.id, "name", c.name, "reason", why)
+		c.reply(id, wire.TypeError, wire.Error{Code: wire.BadRange, Message: wire.ClipMessage(why)})
+	}
+	if c.fence.Load() != nil {
+		refuse("this connection has a fence page already; one per connection")
+		return
+	}
+	f, err := mapFence(fd, m.Size)
+	if err != nil {
+		refuse(fmt.Sprintf("fence page %q: %v", m.Name, err))
+		return
+	}
+	c.fence.Store(f)
+	c.mu.Lock()
+	c.nextSeg++
+	sid := c.nextSeg
+	c.mu.Unlock()
+	c.reply(id, wire.TypeRegisterSegmentReply, wire.RegisterSegmentReply{SegmentID: sid})
 }
 
 func (c *session) handleUnregister(id uint64, m *wire.UnregisterSegment) {
@@ -348,16 +385,22 @@ func (c *session) handleBatch(id uint64, msg wire.Message) {
 		c.reply(id, wire.TypeRemoveReply, wire.RemoveReply{Removed: uint32(n)})
 	case *wire.Put:
 		s.st.puts.Add(1)
+		w := c.newWindow(m.DeadlineNS, m.FenceSlot)
+		ctx, cancel := w.context(ctx)
+		defer cancel()
 		results := make([]wire.Result, len(m.Items))
-		c.eachItem(m.Items, func(i int, r resolved, t *tally) { results[i] = c.putResolved(ctx, m.Items[i], r, t) },
+		c.eachItem(m.Items, w, func(i int, r resolved, t *tally) { results[i] = c.putResolved(ctx, m.Items[i], r, t) },
 			func(i int) { results[i] = c.refuseRange(m.Items[i]) }, c.flushPuts)
 		c.unscope(results)
 		c.reply(id, wire.TypeBatchReply, wire.BatchReply{Results: results})
 	case *wire.Get:
 		s.st.gets.Add(1)
+		w := c.newWindow(m.DeadlineNS, m.FenceSlot)
+		ctx, cancel := w.context(ctx)
+		defer cancel()
 		results := make([]wire.Result, len(m.Items))
-		if !c.getSmall(ctx, m.Items, results) {
-			c.eachItem(m.Items, func(i int, r resolved, t *tally) { results[i] = c.getResolved(ctx, m.Items[i], r, t) },
+		if !c.getSmall(ctx, m.Items, w, results) {
+			c.eachItem(m.Items, w, func(i int, r resolved, t *tally) { results[i] = c.getResolved(ctx, m.Items[i], r, t) },
 				func(i int) { results[i] = c.refuseRange(m.Items[i]) }, c.flushGets)
 		}
 		if s.remote != nil {
@@ -372,7 +415,7 @@ func (c *session) handleBatch(id uint64, msg wire.Message) {
 			for _, i := range missed {
 				m.Items[i].Key = strings.Clone(m.Items[i].Key)
 			}
-			c.fetchRemote(ctx, m.Items, missed, results)
+			c.fetchRemote(ctx, m.Items, w, missed, results)
 		}
 		// Counted once every tier had its say, so that the counter never goes
 		// down when Redis serves what the local tiers missed.
@@ -483,12 +526,12 @@ func (c *session) copyHits(items []wire.Item, b *batchRanges, sc *getScratch, re
 // one (getResolved: waits for writes, the spill), once the leases are released.
 // It reports false, doing nothing, for a larger batch or one it cannot lease at
 // once; eachItem serves those.
-func (c *session) getSmall(ctx context.Context, items []wire.Item, results []wire.Result) bool {
+func (c *session) getSmall(ctx context.Context, items []wire.Item, w *window, results []wire.Result) bool {
 	var sc getScratch
 	if !smallBatch(items) || !c.lease(items, &sc) {
 		return false
 	}
-	b := c.resolveBatch(items)
+	b := c.resolveBatch(items, w)
 	defer b.done()
 	var t [1]tally
 	left := c.copyHits(items, b, &sc, results, &t[0])
@@ -531,7 +574,7 @@ func (c *session) getInArena(id uint64, m *wire.Get) bool {
 	}
 	results := sc.results[:n]
 	clear(results)
-	b := c.resolveBatch(m.Items)
+	b := c.resolveBatch(m.Items, c.newWindow(m.DeadlineNS, m.FenceSlot))
 	var t [1]tally
 	c.copyHits(m.Items, b, sc, results, &t[0])
 	sc.done(s.arena)
@@ -567,8 +610,8 @@ type tally struct {
 // (resolveBatch), calls serve for each item that resolved and refuse for each
 // that did not, on the request's goroutine for a small batch and on up to
 // CopyWorkers goroutines otherwise, and hands the workers' tallies to flush.
-func (c *session) eachItem(items []wire.Item, serve func(i int, r resolved, t *tally), refuse func(i int), flush func([]tally)) {
-	b := c.resolveBatch(items)
+func (c *session) eachItem(items []wire.Item, w *window, serve func(i int, r resolved, t *tally), refuse func(i int), flush func([]tally)) {
+	b := c.resolveBatch(items, w)
 	defer b.done()
 	workers := 1
 	if b.bytes >= inlineBatchBytes {
@@ -657,14 +700,17 @@ func (c *session) refuseRange(it wire.Item) wire.Result {
 // putResolved stores item it from its resolved ranges r, counting it in t.
 func (c *session) putResolved(ctx context.Context, it wire.Item, r resolved, t *tally) wire.Result {
 	s := c.srv
+	if !r.win.open() {
+		return c.copyFailed(it, r, errDeadline)
+	}
 	p, res := c.reservePut(ctx, it, r.size)
 	if p == nil {
 		return res
 	}
 	defer p.Abort()
 	s.hookReserved(it.Key)
-	if err := copyFromRuns(p.Bytes(), r.runs); err != nil {
-		return c.segmentFault(it, r, err)
+	if err := r.win.copyIn(p.Bytes(), r.runs); err != nil {
+		return c.copyFailed(it, r, err)
 	}
 	if err := p.Commit(); errors.Is(err, arena.ErrRemoved) {
 		// A remove of the key landed while it was written: the put ends as if
@@ -733,8 +779,8 @@ func (c *session) reservePut(ctx context.Context, it wire.Item, size int64) (*ar
 
 // getItem reads it from the arena or the spill. A miss is not counted here: a
 // Get counts the items that every tier, Redis included, missed.
-func (c *session) getItem(ctx context.Context, it wire.Item) wire.Result {
-	r, err := c.resolve(it)
+func (c *session) getItem(ctx context.Context, it wire.Item, w *window) wire.Result {
+	r, err := c.resolve(it, w)
 	if err != nil {
 		return c.refuseRange(it)
 	}
@@ -800,8 +846,8 @@ func (c *session) copyLease(l *arena.Lease, it wire.Item, r resolved) wire.Resul
 	if int64(len(b)) != r.size {
 		return wire.Result{Status: wire.BadRange, Message: wire.ClipMessage(fmt.Sprintf("object %s holds %d bytes, the ranges %d", it.Key, len(b), r.size))}
 	}
-	if err := copyToRuns(r.runs, b); err != nil {
-		return c.segmentFault(it, r, err)
+	if err := r.win.copyOut(r.runs, b); err != nil {
+		return c.copyFailed(it, r, err)
 	}
 	return wire.Result{}
 }
@@ -830,8 +876,8 @@ func (c *session) promote(ctx context.Context, it wire.Item, r resolved) (res wi
 		if err := s.spill.GetObject(ctx, it.Key, format, buf); err != nil {
 			return spillResult(err, s), false
 		}
-		if err := copyToRuns(r.runs, buf); err != nil {
-			return c.segmentFault(it, r, err), false
+		if err := r.win.copyOut(r.runs, buf); err != nil {
+			return c.copyFailed(it, r, err), false
 		}
 	default:
 		defer p.Abort()
@@ -839,8 +885,8 @@ func (c *session) promote(ctx context.Context, it wire.Item, r resolved) (res wi
 		if err := s.spill.GetObject(ctx, it.Key, format, p.Bytes()); err != nil {
 			return spillResult(err, s), false
 		}
-		if err := copyToRuns(r.runs, p.Bytes()); err != nil {
-			return c.segmentFault(it, r, err), false
+		if err := r.win.copyOut(r.runs, p.Bytes()); err != nil {
+			return c.copyFailed(it, r, err), false
 		}
 		if h := s.cfg.hooks; h != nil && h.promoting != nil {
 			h.promoting(it.Key)

@@ -16,7 +16,7 @@ type counters struct {
 	gets, arenaHits, spillHits, misses, getBytes    atomic.Int64
 	promotions, exists, removes                     atomic.Int64
 	badRanges, noSpace, corrupt, refused, malformed atomic.Int64
-	spillErrors, busy                               atomic.Int64
+	spillErrors, busy, pastDeadline                 atomic.Int64
 	acceptErrors, rejected, timedOut, memoryBusy    atomic.Int64
 }
 
@@ -82,6 +82,9 @@ type OpStats struct {
 	// Busy counts put items answered Busy: another request was still writing
 	// the object when the request timed out, so it is not stored yet.
 	Busy int64 `json:"busy"`
+	// PastDeadline counts items not copied (nor stored) because the client's
+	// deadline had passed: the client had given up on them (window.go).
+	PastDeadline int64 `json:"pastDeadline"`
 	// AcceptErrors counts failed accepts on the socket (retried); Rejected,
 	// connections refused for --max-clients or --max-clients-per-uid;
 	// TimedOut, clients disconnected by the hello, frame or idle timeout;
@@ -160,7 +163,7 @@ func (s *Server) statsFor(viewer *session) Stats {
 		Gets: c.gets.Load(), ArenaHits: c.arenaHits.Load(), SpillHits: c.spillHits.Load(), Misses: c.misses.Load(),
 		GetBytes: c.getBytes.Load(), Promotions: c.promotions.Load(), Exists: c.exists.Load(), Removes: c.removes.Load(),
 		BadRanges: c.badRanges.Load(), NoSpace: c.noSpace.Load(), Corrupt: c.corrupt.Load(), Refused: c.refused.Load(),
-		Malformed: c.malformed.Load(), SpillErrors: c.spillErrors.Load(), Busy: c.busy.Load(),
+		Malformed: c.malformed.Load(), SpillErrors: c.spillErrors.Load(), Busy: c.busy.Load(), PastDeadline: c.pastDeadline.Load(),
 		AcceptErrors: c.acceptErrors.Load(), Rejected: c.rejected.Load(), TimedOut: c.timedOut.Load(), MemoryBusy: c.memoryBusy.Load(),
 	}
 	st.Accepting = true

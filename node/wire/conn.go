@@ -254,6 +254,13 @@ func (c *Conn) Close() error {
 	return c.uc.Close()
 }
 
+// CloseRead shuts the connection's receiving side: a Recv in progress and
+// later ones end (io.EOF), while replies can still be sent. A server ends a
+// session this way, and closes it once the requests in flight have ended.
+func (c *Conn) CloseRead() error {
+	return c.uc.CloseRead()
+}
+
 // PeerCred returns the process id, user id and group id of the peer process, as
 // the kernel recorded them when the connection was made (SO_PEERCRED): what a
 // server trusts, rather than Hello.PID.

@@ -201,6 +201,8 @@ func (m *HelloReply) unmarshal(b []byte) error {
 			m.ServerVersion, err = f.string("server version", MaxName)
 		case fHelloReplyMaxBatch:
 			m.MaxBatch, err = f.uint32("max batch")
+		case fHelloReplyClockNS:
+			m.ClockNS, err = f.varint("clock")
 		}
 		if err != nil {
 			return err
@@ -220,6 +222,13 @@ func (m *RegisterSegment) unmarshal(b []byte) error {
 			m.Size, err = f.varint("size")
 		case fRegisterName:
 			m.Name, err = f.string("name", MaxName)
+		case fRegisterFence:
+			var v uint64
+			v, err = f.varint("fence")
+			if err == nil && v > 1 {
+				err = malformed("fence %d, want 0 or 1", v)
+			}
+			m.Fence = v == 1
 		}
 		if err != nil {
 			return err
@@ -379,13 +388,88 @@ func (it *Item) unmarshal(b []byte, room []Range, keys *keyBuffer) error {
 // keys are looked up; the service copies the few it keeps, those of objects it
 // promotes); a Put's keys are stored, and each gets its own string. Allocations stay bounded by the body's length, which MaxBody bounds.
 func unmarshalItems(b []byte, shareKeys bool) ([]Item, error) {
-	n, canonical := countCanonical(b, MaxItems)
-	if !canonical {
-		var err error
+	items, _, _, err := unmarshalBatch(b, shareKeys)
+	return items, err
+}
+
+// unmarshalBatch decodes a Put or Get: its items (unmarshalItems), its deadline
+// and its fence slot. Encoders write the deadline and the slot first, each with
+// its one-byte tag; the fast path takes them off there, and the general walk
+// finds them anywhere.
+func unmarshalBatch(b []byte, shareKeys bool) (items []Item, deadline uint64, slot uint32, err error) {
+	rest, deadline, slot, ok := takeWindow(b)
+	var n int
+	canonical := false
+	if ok {
+		n, canonical = countCanonical(rest, MaxItems)
+	}
+	if canonical {
+		b = rest
+	} else {
 		if n, err = count(b, fBatchItems, "items", MaxItems); err != nil {
-			return nil, err
+			return nil, 0, 0, err
+		}
+		if deadline, slot, err = windowFields(b); err != nil {
+			return nil, 0, 0, err
 		}
 	}
+	items, err = decodeItems(b, n, canonical, shareKeys)
+	return items, deadline, slot, err
+}
+
+// Tags of a batch's deadline and fence slot as the encoders write them.
+const (
+	tagBatchDeadline = byte(fBatchDeadlineNS)<<3 | byte(protowire.VarintType)
+	tagBatchSlot     = byte(fBatchFenceSlot)<<3 | byte(protowire.VarintType)
+)
+
+// takeWindow takes a leading deadline and fence slot, as the encoders write
+// them, off b; ok false leaves b whole to the general walk.
+func takeWindow(b []byte) (rest []byte, deadline uint64, slot uint32, ok bool) {
+	rest = b
+	if len(rest) > 0 && rest[0] == tagBatchDeadline {
+		v, k := protowire.ConsumeVarint(rest[1:])
+		if k < 0 {
+			return b, 0, 0, false
+		}
+		deadline, rest = v, rest[1+k:]
+	}
+	if len(rest) > 0 && rest[0] == tagBatchSlot {
+		v, k := protowire.ConsumeVarint(rest[1:])
+		if k < 0 || v > FenceSlots {
+			return b, 0, 0, false
+		}
+		slot, rest = uint32(v), rest[1+k:]
+	}
+	return rest, deadline, slot, true
+}
+
+// windowFields finds a batch's deadline and fence slot anywhere in b.
+func windowFields(b []byte) (deadline uint64, slot uint32, err error) {
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return deadline, slot, err
+		}
+		switch f.num {
+		case fBatchDeadlineNS:
+			deadline, err = f.varint("deadline")
+		case fBatchFenceSlot:
+			slot, err = f.uint32("fence slot")
+			if err == nil && slot > FenceSlots {
+				err = malformed("fence slot %d, at most %d", slot, FenceSlots)
+			}
+		}
+		if err != nil {
+			return 0, 0, err
+		}
+	}
+}
+
+// decodeItems decodes the n items of b, a body countCanonical accepted or one
+// count checked.
+func decodeItems(b []byte, n int, canonical, shareKeys bool) ([]Item, error) {
 	if n == 0 {
 		return nil, nil
 	}
@@ -617,12 +701,12 @@ func (k *keyBuffer) take(v []byte) string {
 }
 
 func (m *Put) unmarshal(b []byte) (err error) {
-	m.Items, err = unmarshalItems(b, false)
+	m.Items, m.DeadlineNS, m.FenceSlot, err = unmarshalBatch(b, false)
 	return err
 }
 
 func (m *Get) unmarshal(b []byte) (err error) {
-	m.Items, err = unmarshalItems(b, true)
+	m.Items, m.DeadlineNS, m.FenceSlot, err = unmarshalBatch(b, true)
 	return err
 }
 

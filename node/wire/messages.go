@@ -69,6 +69,11 @@ type HelloReply struct {
 	ServerVersion string
 	// MaxBatch is the most items the server takes in one Put or Get.
 	MaxBatch uint32
+	// ClockNS is the server's CLOCK_MONOTONIC, in nanoseconds, when it
+	// answered: the clock a Put's or Get's DeadlineNS is in. A client converts
+	// its own deadlines with it (see Put). Zero from a server that keeps no
+	// client deadlines (before they existed).
+	ClockNS uint64
 }
 
 // RegisterSegment hands the service a memfd segment; its frame carries exactly one
@@ -78,6 +83,11 @@ type RegisterSegment struct {
 	Size uint64
 	// Name names the segment in logs (the host pool's name).
 	Name string
+	// Fence registers the memfd as the connection's fence page instead of a
+	// host pool: FenceBytes of uint32 counters, one per FenceSlot, that the
+	// server raises while it copies into the client's memory for a Get naming
+	// that slot (see Put). Ranges never name it. One per connection.
+	Fence bool
 }
 
 // RegisterSegmentReply gives the id by which ranges name the registered segment.
@@ -135,15 +145,39 @@ func (it Item) Size() uint64 {
 
 // Put writes each item's bytes as its object, write-once: an object that exists
 // in the item's format is a success that moves no data. The reply is BatchReply.
+//
+// Deadlines. A client that gives up on a request must know that the server
+// will not touch the memory the request named afterwards: the engine reuses
+// those pages at once. DeadlineNS, in the server's clock (HelloReply.ClockNS),
+// is when the client gives up: the server starts no copy out of the client's
+// memory after it (a Put's item copied meanwhile is not stored, since its bytes
+// may have changed under the copy), and no copy into it (a Get). A copy into the
+// client's memory that runs when the deadline passes is counted in the
+// connection's fence page, at FenceSlot (1-based; 0: none): the server raises
+// the slot's counter before it looks at the clock and lowers it after the copy,
+// so a client whose deadline passed returns once it reads 0 there (or once the
+// server closed the connection, which it does only after every request of it
+// ended). Items refused for the deadline are answered Busy.
 type Put struct {
-	Items []Item
+	Items      []Item
+	DeadlineNS uint64
+	FenceSlot  uint32
 }
 
 // Get reads each item's object into its ranges. The reply is BatchReply; the
-// ranges of an item whose Result is not OK hold undefined bytes.
+// ranges of an item whose Result is not OK hold undefined bytes. DeadlineNS and
+// FenceSlot are as for Put.
 type Get struct {
-	Items []Item
+	Items      []Item
+	DeadlineNS uint64
+	FenceSlot  uint32
 }
+
+// FenceBytes is the size of a fence page: FenceSlots counters of 4 bytes.
+const (
+	FenceBytes = 4096
+	FenceSlots = FenceBytes / 4
+)
 
 // Result is the outcome of one item of a Put or Get.
 type Result struct {
@@ -300,9 +334,11 @@ const (
 	fHelloReplyClientID      protowire.Number = 1
 	fHelloReplyServerVersion protowire.Number = 2
 	fHelloReplyMaxBatch      protowire.Number = 3
+	fHelloReplyClockNS       protowire.Number = 4
 
-	fRegisterSize protowire.Number = 1
-	fRegisterName protowire.Number = 2
+	fRegisterSize  protowire.Number = 1
+	fRegisterName  protowire.Number = 2
+	fRegisterFence protowire.Number = 3
 
 	fSegmentID protowire.Number = 1 // RegisterSegmentReply, UnregisterSegment
 
@@ -319,7 +355,9 @@ const (
 	fItemFormat protowire.Number = 2
 	fItemRanges protowire.Number = 3
 
-	fBatchItems protowire.Number = 1 // Put, Get
+	fBatchItems      protowire.Number = 1 // Put, Get
+	fBatchDeadlineNS protowire.Number = 2
+	fBatchFenceSlot  protowire.Number = 3
 
 	fResultStatus  protowire.Number = 1
 	fResultMessage protowire.Number = 2
@@ -405,12 +443,17 @@ func (m Hello) Marshal(b []byte) []byte {
 func (m HelloReply) Marshal(b []byte) []byte {
 	b = appendVarint(b, fHelloReplyClientID, m.ClientID)
 	b = appendString(b, fHelloReplyServerVersion, m.ServerVersion)
-	return appendVarint(b, fHelloReplyMaxBatch, uint64(m.MaxBatch))
+	b = appendVarint(b, fHelloReplyMaxBatch, uint64(m.MaxBatch))
+	return appendVarint(b, fHelloReplyClockNS, m.ClockNS)
 }
 
 func (m RegisterSegment) Marshal(b []byte) []byte {
 	b = appendVarint(b, fRegisterSize, m.Size)
-	return appendString(b, fRegisterName, m.Name)
+	b = appendString(b, fRegisterName, m.Name)
+	if m.Fence {
+		b = appendVarint(b, fRegisterFence, 1)
+	}
+	return b
 }
 
 func (m RegisterSegmentReply) Marshal(b []byte) []byte {
@@ -487,8 +530,20 @@ func setLength(b []byte, start int) []byte {
 	return b
 }
 
-func (m Put) Marshal(b []byte) []byte { return marshalItems(b, m.Items) }
-func (m Get) Marshal(b []byte) []byte { return marshalItems(b, m.Items) }
+// The deadline and the fence slot go before the items, where the decoder's
+// fast path takes them off (unmarshalBatch).
+func (m Put) Marshal(b []byte) []byte {
+	return marshalItems(marshalWindow(b, m.DeadlineNS, m.FenceSlot), m.Items)
+}
+
+func (m Get) Marshal(b []byte) []byte {
+	return marshalItems(marshalWindow(b, m.DeadlineNS, m.FenceSlot), m.Items)
+}
+
+func marshalWindow(b []byte, deadline uint64, slot uint32) []byte {
+	b = appendVarint(b, fBatchDeadlineNS, deadline)
+	return appendVarint(b, fBatchFenceSlot, uint64(slot))
+}
 
 func (r Result) size() int {
 	return sizeVarint(fResultStatus, uint64(r.Status)) + sizeString(fResultMessage, r.Message)
@@ -687,8 +742,15 @@ func validItems(items []Item) error {
 	return nil
 }
 
-func (m Put) Validate() error { return validItems(m.Items) }
-func (m Get) Validate() error { return validItems(m.Items) }
+func (m Put) Validate() error { return validBatch(m.Items, m.FenceSlot) }
+func (m Get) Validate() error { return validBatch(m.Items, m.FenceSlot) }
+
+func validBatch(items []Item, slot uint32) error {
+	if slot > FenceSlots {
+		return malformed("fence slot %d, at most %d", slot, FenceSlots)
+	}
+	return validItems(items)
+}
 
 func (m BatchReply) Validate() error {
 	if len(m.Results) > MaxItems {

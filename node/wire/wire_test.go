@@ -45,14 +45,14 @@ func putItems(pages, parts, ranges int) []Item {
 func samples() []Message {
 	return []Message{
 		&Hello{Version: Version, ClientName: "sglang-tp0 ✓", PID: 4242},
-		&HelloReply{ClientID: 1 << 40, ServerVersion: "strata v0.3.0", MaxBatch: 128},
-		&RegisterSegment{Size: 3 << 30, Name: "kv"},
+		&HelloReply{ClientID: 1 << 40, ServerVersion: "strata v0.3.0", MaxBatch: 128, ClockNS: 1<<62 + 5},
+		&RegisterSegment{Size: 3 << 30, Name: "kv", Fence: true},
 		&RegisterSegmentReply{SegmentID: 7},
 		&UnregisterSegment{SegmentID: 7},
 		&Exists{Keys: []string{key(1), key(2), "model:" + key(3)}, Format: 0xfedcba9876543210},
 		&ExistsReply{Present: 2},
-		&Put{Items: putItems(3, 2, 2)},
-		&Get{Items: []Item{{Key: key(9), Format: 1, Ranges: []Range{{Segment: 0, Offset: 0, Length: 1}, {Segment: 1<<32 - 1, Offset: 1<<64 - 2, Length: 1}}}}},
+		&Put{Items: putItems(3, 2, 2), DeadlineNS: 1<<63 + 7, FenceSlot: FenceSlots},
+		&Get{Items: []Item{{Key: key(9), Format: 1, Ranges: []Range{{Segment: 0, Offset: 0, Length: 1}, {Segment: 1<<32 - 1, Offset: 1<<64 - 2, Length: 1}}}}, DeadlineNS: 123456789, FenceSlot: 1},
 		&BatchReply{Results: []Result{{Status: OK}, {Status: NotFound}, {Status: BadRange, Message: "range [0x10, +4096) is outside segment 3; allocate with shm"}, {Status: Unavailable}}},
 		&Remove{Keys: []string{key(1), " ~printable~ "}},
 		&RemoveReply{Removed: 1},

@@ -68,7 +68,8 @@ type Backend struct {
 	log *slog.Logger
 
 	mu      sync.Mutex
-	conn    *wire.Conn // nil while disconnected
+	conn    *wire.Conn           // nil while disconnected
+	links   map[*wire.Conn]*link // deadlines and fence page of each live connection (fence.go)
 	pending map[uint64]chan reply
 	pools   map[string]*poolReg
 	closed  bool
@@ -134,6 +135,8 @@ var errStale = fmt.Errorf("node client: the connection the request was built for
 type reply struct {
 	msg wire.Message
 	err error
+	// lost: the connection ended before the reply came.
+	lost bool
 }
 
 // New starts a client. It connects in the background and keeps reconnecting, so
@@ -148,7 +151,7 @@ func New(cfg Config) (*Backend, error) {
 			cfg.CallTimeout, cfg.ReconnectMin, cfg.ReconnectMax, storage.ErrConfig)
 	}
 	b := &Backend{cfg: cfg, log: cfg.Logger, pending: map[uint64]chan reply{}, pools: map[string]*poolReg{},
-		up: make(chan struct{})}
+		links: map[*wire.Conn]*link{}, up: make(chan struct{})}
 	b.life, b.end = context.WithCancel(context.Background())
 	if b.log == nil {
 		b.log = slog.Default()
@@ -222,13 +225,23 @@ func (b *Backend) connect() (chan struct{}, error) {
 	if err != nil {
 		return nil, err
 	}
+	var l *link
 	fail := func(err error) (chan struct{}, error) {
 		_ = conn.Close()
+		if l != nil {
+			l.gone(false)
+		}
 		return nil, err
 	}
-	if _, err := roundTrip(ctx, conn, wire.TypeHello, wire.Hello{Version: wire.Version, ClientName: b.cfg.ClientName, PID: int32(os.Getpid())}); err != nil {
+	m, err := roundTrip(ctx, conn, wire.TypeHello, wire.Hello{Version: wire.Version, ClientName: b.cfg.ClientName, PID: int32(os.Getpid())})
+	if err != nil {
 		return fail(err)
 	}
+	hello, ok := m.(*wire.HelloReply)
+	if !ok {
+		return fail(fmt.Errorf("node service answered %T to Hello: %w", m, storage.ErrIO))
+	}
+	l = newLink(ctx, conn, hello, clockNow(), b.log, b.cfg.Socket)
 	// Claim every pool for this connection before registering it, so that a
 	// RegisterPool meanwhile is either in this list or sees the connection.
 	b.mu.Lock()
@@ -260,6 +273,7 @@ func (b *Backend) connect() (chan struct{}, error) {
 		return fail(storage.ErrClosed)
 	}
 	b.conn = conn
+	b.links[conn] = l
 	dead := make(chan struct{})
 	b.wg.Add(1)
 	go func() {
@@ -362,13 +376,18 @@ func (b *Backend) readLoop(conn *wire.Conn) {
 					b.up = make(chan struct{})
 				}
 			}
+			l := b.links[conn]
+			delete(b.links, conn)
 			waiting := b.pending
 			b.pending = map[uint64]chan reply{}
 			closed := b.closed
 			b.mu.Unlock()
 			_ = conn.Close()
+			if l != nil {
+				l.gone(closedByPeer(err))
+			}
 			for _, ch := range waiting {
-				ch <- reply{err: fmt.Errorf("node service connection lost: %w", storage.ErrUnavailable)}
+				ch <- reply{err: fmt.Errorf("node service connection lost: %w", storage.ErrUnavailable), lost: true}
 			}
 			if !closed {
 				b.log.Warn("node client: lost the node service; reconnecting", "socket", b.cfg.Socket, "err", err)
@@ -432,11 +451,31 @@ func (b *Backend) callOn(ctx context.Context, conn *wire.Conn, t wire.Type, msg 
 	id := b.nextID.Add(1)
 	ch := make(chan reply, 1)
 	b.pending[id] = ch
+	l := b.links[conn]
+	if l != nil {
+		l.calls.Add(1)
+		defer l.calls.Done()
+	}
 	b.mu.Unlock()
+	// A Put or Get carries the deadline, and a Get a fence slot; a call that
+	// ends without its reply waits until the service copies nothing for it
+	// (fence.go).
+	msg, slot, err := l.stamp(ctx, msg)
+	if err != nil {
+		b.mu.Lock()
+		delete(b.pending, id)
+		b.mu.Unlock()
+		return nil, err
+	}
+	gaveUp := func() {
+		l.waitFence(slot, b.log, b.cfg.Socket)
+		l.release(slot)
+	}
 	if err := conn.Send(ctx, t, id, msg, fds...); err != nil {
 		b.mu.Lock()
 		delete(b.pending, id)
 		b.mu.Unlock()
+		gaveUp()
 		if ctx.Err() != nil {
 			return nil, ctxErr(ctx.Err())
 		}
@@ -447,11 +486,17 @@ func (b *Backend) callOn(ctx context.Context, conn *wire.Conn, t wire.Type, msg 
 	}
 	select {
 	case r := <-ch:
+		if r.lost {
+			gaveUp()
+		} else {
+			l.release(slot)
+		}
 		return r.msg, r.err
 	case <-ctx.Done():
 		b.mu.Lock()
 		delete(b.pending, id)
 		b.mu.Unlock()
+		gaveUp()
 		return nil, ctxErr(ctx.Err())
 	}
 }
