@@ -83,20 +83,21 @@ func decodeGetItem(t *testing.T, item []byte) Item {
 
 // FuzzBatchCanonical holds the decoding of a Get's items and of a BatchReply,
 // which take a fast path over bodies laid out as this package writes them, to
-// the general walk alone (generalItems, generalResults): the same items or
+// the general walk alone (generalBatch, generalResults): the same items or
 // results, or the same error.
 func FuzzBatchCanonical(f *testing.F) {
 	f.Add(Get{Items: putItems(3, 2, 4)}.Marshal(nil))
 	f.Add(Put{Items: putItems(2, 1, 1)}.Marshal(nil))
+	f.Add(Get{Items: putItems(1, 2, 2), DeadlineNS: 1 << 50, FenceSlot: 9}.Marshal(nil))
 	f.Add(BatchReply{Results: []Result{{}, {Status: NotFound, Message: "gone"}, {}}}.Marshal(nil))
 	f.Add([]byte{tagBatchField, 0, tagBatchField, 2, 0x08, 0x03})
 	f.Add(protowire.AppendVarint(protowire.AppendTag([]byte{tagBatchField, 0}, 7, protowire.VarintType), 5))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, share := range []bool{false, true} {
-			got, err := unmarshalItems(body, share)
-			want, werr := generalItems(body, share)
-			if fmt.Sprint(err) != fmt.Sprint(werr) || err == nil && !reflect.DeepEqual(got, want) {
-				t.Fatalf("items: fast path %+v, %v; general %+v, %v", got, err, want, werr)
+			got, gd, gs, err := unmarshalBatch(body, share)
+			want, wd, ws, werr := generalBatch(body, share)
+			if fmt.Sprint(err) != fmt.Sprint(werr) || err == nil && (!reflect.DeepEqual(got, want) || gd != wd || gs != ws) {
+				t.Fatalf("items: fast path %+v (deadline %d, slot %d), %v; general %+v (deadline %d, slot %d), %v", got, gd, gs, err, want, wd, ws, werr)
 			}
 		}
 		var got, want BatchReply
@@ -107,7 +108,21 @@ func FuzzBatchCanonical(f *testing.F) {
 	})
 }
 
-// generalItems is unmarshalItems without its fast paths.
+// generalBatch is unmarshalBatch without its fast paths: the general walk
+// over the whole message, in the same order of checks.
+func generalBatch(b []byte, shareKeys bool) ([]Item, uint64, uint32, error) {
+	if _, err := count(b, fBatchItems, "items", MaxItems); err != nil {
+		return nil, 0, 0, err
+	}
+	deadline, slot, err := windowFields(b)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	items, err := generalItems(b, shareKeys)
+	return items, deadline, slot, err
+}
+
+// generalItems is the general walk over the items of a Put or Get.
 func generalItems(b []byte, shareKeys bool) ([]Item, error) {
 	n, err := count(b, fBatchItems, "items", MaxItems)
 	if err != nil || n == 0 {
