@@ -1,10 +1,11 @@
 """A client of the node service (``strata serve``) for Python engines.
 
 One Unix-socket connection, requests pipelined from any thread (a reader thread
-hands each reply to its caller by request id), a deadline on every call, and a
-background connector that reconnects with backoff and registers every segment
-again, as ``storage/nodeclient`` does in Go. While the service is unreachable,
-calls fail at once with :class:`Unavailable`; the caller turns that into misses.
+hands each reply to its caller by request id), a deadline on every call that
+holds whatever the peer does, and a background connector that reconnects with
+backoff and registers every segment again, as ``storage/nodeclient`` does in Go.
+While the service is unreachable, calls fail at once with :class:`Unavailable`;
+the caller turns that into misses.
 """
 
 from __future__ import annotations
@@ -53,18 +54,35 @@ class _Slot:
         self.err = None
 
 
+def _left(deadline: float) -> float:
+    return deadline - time.monotonic()
+
+
 class Connection:
-    """One session with the service: Hello done, replies dispatched by id."""
+    """One session with the service: Hello done, replies dispatched by id.
+
+    Every call ends by its deadline: connecting and the Hello together within
+    timeout, each call within the timeout it is given, however slowly the peer
+    sends or however much it announces (a frame body over wire.MAX_BODY is
+    refused at its header, and the connection closed).
+    """
 
     def __init__(self, path: str, timeout: float, client_name: str):
+        deadline = time.monotonic() + timeout
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
             sock.connect(path)
+        except socket.timeout:
+            sock.close()
+            raise Timeout(
+                f"connecting to the node service at {path} took over {timeout:g} s"
+            ) from None
         except OSError:
             sock.close()
             raise
         self._sock = sock
+        self._timeout = timeout
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._pending: Dict[int, Tuple[int, _Slot]] = {}
@@ -72,14 +90,29 @@ class Connection:
         self.closed = False
         self.dead = threading.Event()
         self.error: Optional[BaseException] = None
-        # Hello before the reader starts: a plain round trip.
+        # Hello before the reader starts: a plain round trip, by the deadline.
         try:
-            self._send(1, wire.Hello(wire.VERSION, client_name[: wire.MAX_NAME], os.getpid()))
-            h, msg = self._read_frame(time.monotonic() + timeout)
+            self._send(
+                1,
+                wire.Hello(wire.VERSION, client_name[: wire.MAX_NAME], os.getpid()),
+                deadline=deadline,
+            )
+            try:
+                h, msg = self._read_frame(deadline)
+            except Timeout:
+                raise Timeout(
+                    f"the node service at {path} did not answer Hello within {timeout:g} s"
+                ) from None
             if isinstance(msg, wire.Error):
                 raise Refused(msg.code, msg.message)
             if not isinstance(msg, wire.HelloReply) or h.id != 1:
                 raise wire.Malformed(f"answered Hello with {type(msg).__name__}")
+            sock.settimeout(timeout)  # what the reader polls with, and a send's ceiling
+        except socket.timeout:
+            sock.close()
+            raise Timeout(
+                f"sending Hello to the node service at {path} took over {timeout:g} s"
+            ) from None
         except BaseException:
             sock.close()
             raise
@@ -90,23 +123,37 @@ class Connection:
 
     # -- sending
 
-    def _send(self, req_id: int, msg, fds=(), body: Optional[bytes] = None):
+    def _send(self, req_id: int, msg, fds=(), body: Optional[bytes] = None, *, deadline: float):
+        """Send one frame by deadline. Timeout when the send lock is not ours in
+        time (nothing sent); socket.timeout (an OSError) when the peer stopped
+        reading mid-frame: the stream is lost."""
         frame = wire.encode_frame(req_id, msg, body)
-        with self._send_lock:
-            if fds:
-                anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
-                n = self._sock.sendmsg([frame], anc)
-                if n < len(frame):
-                    self._sock.sendall(memoryview(frame)[n:])
-            else:
-                self._sock.sendall(frame)
+        if not self._send_lock.acquire(timeout=max(_left(deadline), 0.0)):
+            raise Timeout("another request held the connection past this one's deadline")
+        try:
+            # The socket's timeout is shared with the reader, which treats a
+            # timeout as a poll: any positive value is safe for it.
+            self._sock.settimeout(max(_left(deadline), 1e-3))
+            try:
+                if fds:
+                    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+                    n = self._sock.sendmsg([frame], anc)
+                    if n < len(frame):
+                        self._sock.sendall(memoryview(frame)[n:])
+                else:
+                    self._sock.sendall(frame)
+            finally:
+                self._sock.settimeout(self._timeout)
+        finally:
+            self._send_lock.release()
 
     def call(self, msg, timeout: float, fds=(), body: Optional[bytes] = None):
-        """Send msg and wait up to timeout seconds for its reply.
+        """Send msg and wait for its reply; returns or raises within timeout seconds.
 
         Raises Unavailable (the connection is gone), Timeout, Refused (an Error
         reply) or wire.Malformed (a reply that breaks the protocol).
         """
+        deadline = time.monotonic() + timeout
         slot = _Slot()
         with self._lock:
             if self.closed:
@@ -115,16 +162,23 @@ class Connection:
             req_id = self._next_id
             self._pending[req_id] = (msg.TYPE, slot)
         try:
-            self._send(req_id, msg, fds, body)
+            self._send(req_id, msg, fds, body, deadline=deadline)
         except wire.Malformed:
+            self._forget(req_id)
+            raise
+        except Timeout:
             self._forget(req_id)
             raise
         except OSError as e:
             # Part of a frame may be on the socket: the stream is lost.
             self._forget(req_id)
             self.close(e)
+            if isinstance(e, socket.timeout):
+                raise Timeout(
+                    f"the node service did not take a request within {timeout:g} s"
+                ) from None
             raise Unavailable(f"send to the node service: {e}") from None
-        if not slot.event.wait(timeout):
+        if not slot.event.wait(max(_left(deadline), 0.0)):
             self._forget(req_id)
             raise Timeout(f"no reply from the node service within {timeout:g} s")
         if slot.err is not None:
@@ -138,24 +192,31 @@ class Connection:
     # -- receiving
 
     def _recv_exact(self, n: int, deadline: Optional[float]) -> bytes:
+        """n bytes from the socket; by deadline (Timeout) when it is given."""
         buf = bytearray(n)
         view = memoryview(buf)
         got = 0
         while got < n:
             if self.closed:
                 raise Unavailable("connection closed")
+            if deadline is not None:
+                # Before every recv, the time left: a peer that sends a byte just
+                # before each timeout must not stretch the wait.
+                left = _left(deadline)
+                if left <= 0:
+                    raise Timeout("the node service did not answer in time")
+                self._sock.settimeout(left)
             try:
                 k = self._sock.recv_into(view[got:])
             except socket.timeout:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise Timeout("the node service did not answer in time") from None
-                continue
+                continue  # the reader polls; a deadline is checked above
             if k == 0:
                 raise Unavailable("the node service closed the connection")
             got += k
         return bytes(buf)
 
     def _read_frame(self, deadline: Optional[float]):
+        # parse_header refuses a body over wire.MAX_BODY before any of it is read.
         h = wire.parse_header(self._recv_exact(wire.HEADER_SIZE, deadline))
         body = self._recv_exact(h.length, deadline) if h.length else b""
         try:
