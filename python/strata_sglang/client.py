@@ -5,7 +5,9 @@ hands each reply to its caller by request id), a deadline on every call that
 holds whatever the peer does, and a background connector that reconnects with
 backoff and registers every segment again, as ``storage/nodeclient`` does in Go.
 While the service is unreachable, calls fail at once with :class:`Unavailable`;
-the caller turns that into misses.
+the caller turns that into misses. A connection on which MAX_TIMEOUTS calls in a
+row got no answer is dropped and made again: a hung service costs each call its
+deadline only until then.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from typing import Dict, Optional, Tuple
 from . import wire
 
 logger = logging.getLogger("strata_sglang")
+
+# Calls in a row that get no answer within their deadline before the
+# connection is dropped and made again: a peer that stops answering (a hung
+# service, half a frame and silence) is abandoned instead of costing every call
+# its full deadline for as long as it keeps the socket open.
+MAX_TIMEOUTS = 2
 
 
 class StrataError(Exception):
@@ -87,6 +95,7 @@ class Connection:
         self._lock = threading.Lock()
         self._pending: Dict[int, Tuple[int, _Slot]] = {}
         self._next_id = 0
+        self._timeouts = 0  # calls in a row that timed out
         self.closed = False
         self.dead = threading.Event()
         self.error: Optional[BaseException] = None
@@ -151,7 +160,8 @@ class Connection:
         """Send msg and wait for its reply; returns or raises within timeout seconds.
 
         Raises Unavailable (the connection is gone), Timeout, Refused (an Error
-        reply) or wire.Malformed (a reply that breaks the protocol).
+        reply) or wire.Malformed (a reply that breaks the protocol). After
+        MAX_TIMEOUTS timeouts in a row the connection is closed.
         """
         deadline = time.monotonic() + timeout
         slot = _Slot()
@@ -168,6 +178,7 @@ class Connection:
             raise
         except Timeout:
             self._forget(req_id)
+            self._timed_out()
             raise
         except OSError as e:
             # Part of a frame may be on the socket: the stream is lost.
@@ -179,8 +190,14 @@ class Connection:
                 ) from None
             raise Unavailable(f"send to the node service: {e}") from None
         if not slot.event.wait(max(_left(deadline), 0.0)):
-            self._forget(req_id)
-            raise Timeout(f"no reply from the node service within {timeout:g} s")
+            with self._lock:
+                gone = self._pending.pop(req_id, None) is not None
+            if gone or not slot.event.wait(1.0):  # else the reader is handing it over now
+                self._timed_out()
+                raise Timeout(f"no reply from the node service within {timeout:g} s")
+        if isinstance(slot.err, Unavailable):
+            raise slot.err
+        self._answered()
         if slot.err is not None:
             raise slot.err
         return slot.msg
@@ -188,6 +205,23 @@ class Connection:
     def _forget(self, req_id: int):
         with self._lock:
             self._pending.pop(req_id, None)
+
+    def _timed_out(self):
+        with self._lock:
+            self._timeouts += 1
+            n = self._timeouts
+        if n >= MAX_TIMEOUTS:
+            self.close(
+                Timeout(
+                    f"{n} requests in a row got no reply within their deadline: the node service is hung "
+                    "or overloaded; dropping the connection and making a new one"
+                )
+            )
+
+    def _answered(self):
+        if self._timeouts:
+            with self._lock:
+                self._timeouts = 0
 
     # -- receiving
 

@@ -1,8 +1,8 @@
-"""The client's deadlines against a peer that misbehaves.
+"""The client's deadlines and reconnects against a peer that misbehaves.
 
 The peer (fakepeer.FakeService) speaks the node service's protocol on a Unix
 socket and fails at one exact point: a Hello reply trickled a byte at a time, a
-header announcing a huge body.
+header announcing a huge body, half a frame and then silence.
 """
 
 import os
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from fakepeer import FakeService
+from fakepeer import FakeService, wait_for
 from strata_sglang import client as sc
 from strata_sglang import wire
 
@@ -41,6 +41,28 @@ def fake(path):
     yield start
     for f in made:
         f.close()
+
+
+@pytest.fixture
+def clients():
+    made = []
+
+    def new(path, **kw):
+        kw.setdefault("reconnect_min", 0.01)
+        kw.setdefault("reconnect_max", 0.05)
+        c = sc.Client(path, "test", **kw)
+        made.append(c)
+        return c
+
+    yield new
+    for c in made:
+        c.close()
+
+
+def memfd(size=1 << 16, name="seg"):
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.ftruncate(fd, size)
+    return fd
 
 
 def header(typ, req_id, length):
@@ -125,6 +147,62 @@ def test_a_call_ends_by_its_deadline_while_the_reader_is_stuck_in_a_trickled_bod
         assert time.monotonic() - t0 < 0.5 + SLACK
     finally:
         conn.close()
+
+
+# ---------------------------------------------------------------- 5: a hung peer
+
+
+def test_a_peer_that_sends_half_a_frame_is_dropped_after_two_timeouts(path, fake, clients):
+    def handler(i, p):
+        assert p.hello()
+        if i == 0:
+            h, _ = p.recv()
+            frame = wire.encode_frame(h.id, wire.Pong(1))
+            p.sock.sendall(frame[: len(frame) // 2])
+            return  # and keep the connection open, silent (FakeService holds it)
+        p.serve()
+
+    f = fake(handler)
+    c = clients(path, timeout=0.3)
+    assert c.wait_connected(10)
+    for _ in range(2):
+        with pytest.raises(sc.Timeout):
+            c.call(wire.Ping(1))
+
+    def answers():
+        try:
+            return isinstance(c.call(wire.Ping(2)), wire.Pong)
+        except sc.StrataError:
+            return False
+
+    assert wait_for(
+        answers, 10
+    ), "the client kept the hung connection: every call costs its deadline"
+    assert f.accepted >= 2 and c.connects >= 2
+
+
+def test_timeouts_that_are_not_in_a_row_keep_the_connection(path, fake, clients):
+    """A timeout between answers is a slow reply, not a hung peer."""
+
+    def handler(i, p):
+        assert p.hello()
+        while True:
+            got = p.recv()
+            if got is None:
+                return
+            h, m = got
+            if m.nonce:  # Ping(0) is never answered
+                p.send(h.id, wire.Pong(m.nonce))
+
+    fake(handler)
+    c = clients(path, timeout=0.3)
+    assert c.wait_connected(10)
+    conn = c.snapshot()
+    for n in range(1, 6):
+        with pytest.raises(sc.Timeout):
+            c.call(wire.Ping(0))
+        assert c.call(wire.Ping(n)) == wire.Pong(n)
+    assert c.snapshot() is conn and not conn.closed
 
 
 def test_no_peer_at_all_fails_fast(path):
