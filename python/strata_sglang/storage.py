@@ -40,7 +40,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from . import batch, wire
-from .client import Client, Unavailable
+from .client import Client, SegmentRefused, Timeout, Unavailable
 
 logger = logging.getLogger("strata_sglang")
 
@@ -188,7 +188,7 @@ class _Pool:
             )
             return
         for fd, mm in zip(fds, mms):
-            seg = owner.client.add_segment(fd, f"{owner.prefix}{name}")
+            seg = owner.client.add_segment(fd, f"{owner.prefix}{name}", wait=False)
             self.segs.append((_mmap_base(mm), len(mm), seg))
         self.segs.sort(key=lambda s: s[0])
         self.bases = torch.tensor([s[0] for s in self.segs], dtype=torch.int64)
@@ -235,6 +235,10 @@ class StrataStorage(HiCacheStorage):
     ``reconnect_min_s`` / ``reconnect_max_s`` (backoff, 0.05 to 2),
     ``staging_bytes`` (copy-path buffer, 64 MiB), ``model`` (when SGLang passes
     no model name).
+
+    Registering a pool returns once its memory is registered with the service,
+    or after timeout_s (a stalled service; the registration then goes on in the
+    background).
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
@@ -291,8 +295,11 @@ class StrataStorage(HiCacheStorage):
     def _failed(self, op: str, e: BaseException):
         with self._lock:
             self._stats["failures"] += 1
-        if isinstance(e, Unavailable):
-            return  # the client warned once when the service went away
+        if isinstance(e, (Unavailable, SegmentRefused)):
+            return  # the client warned once: the service went away, or a segment's registration failed
+        if isinstance(e, Timeout):
+            self.client.note_failure(e)  # one warning per outage, whatever fails in it
+            return
         self._warn_once(
             f"{op}:{type(e).__name__}",
             "strata: %s failed (%s: %s); L3 answers misses/failures for it. Further failures of this kind "
@@ -304,16 +311,22 @@ class StrataStorage(HiCacheStorage):
         logger.debug("strata: %s failed", op, exc_info=True)
 
     def _register(self, host, name) -> Optional[_Pool]:
+        """Register host as pool name and wait (within the timeout) until its
+        segments are registered."""
         name = str(name.value if isinstance(name, PoolName) else name)
         with self._lock:
             p = self._pools.get(name)
-            if p is not None and p.host is host:
-                return p
-        p = _Pool(name, host, self)
-        if p.disabled:
-            self._warn_once("pool:" + name, "strata: %s; this pool runs without L3", p.disabled)
-        with self._lock:
-            self._pools[name] = p
+            if p is not None and p.host is not host:
+                p = None
+        if p is None:
+            p = _Pool(name, host, self)
+            if p.disabled:
+                self._warn_once("pool:" + name, "strata: %s; this pool runs without L3", p.disabled)
+            with self._lock:
+                self._pools[name] = p
+        segs = [s for _, _, s in p.segs]
+        if segs:
+            self.client.ensure_registered(segs, self.timeout)
         return p
 
     def _pool(self, name) -> Optional[_Pool]:
@@ -624,7 +637,6 @@ class StrataStorage(HiCacheStorage):
         self._stage = (mm, torch.frombuffer(mm, dtype=torch.uint8), seg)
         if old is not None:
             self.client.remove_segment(old[2])
-        self.client.wait_connected(0)
         return self._stage
 
     def _copy_batch(
@@ -804,7 +816,13 @@ class StrataStorage(HiCacheStorage):
                 out[name] = p.disabled
                 continue
             refused = [s.refused for _, _, s in p.segs if s.refused]
-            out[name] = ("refused: " + refused[0]) if refused else "enabled"
+            failing = [s.failing for _, _, s in p.segs if s.failing and not s.refused]
+            if refused:
+                out[name] = "refused: " + refused[0]
+            elif failing:
+                out[name] = "retrying its registration: " + failing[0]
+            else:
+                out[name] = "enabled"
         return out
 
     def close(self):

@@ -1,14 +1,17 @@
-"""The client's deadlines and reconnects against a peer that misbehaves.
+"""The client's deadlines, reconnects and registrations against a peer that misbehaves.
 
 The peer (fakepeer.FakeService) speaks the node service's protocol on a Unix
 socket and fails at one exact point: a Hello reply trickled a byte at a time, a
-header announcing a huge body, half a frame and then silence.
+header announcing a huge body, half a frame and then silence, a connection
+closed in the middle of a registration, a segment id of 0.
 """
 
+import logging
 import os
 import shutil
 import struct
 import tempfile
+import threading
 import time
 
 import pytest
@@ -203,6 +206,138 @@ def test_timeouts_that_are_not_in_a_row_keep_the_connection(path, fake, clients)
             c.call(wire.Ping(0))
         assert c.call(wire.Ping(n)) == wire.Pong(n)
     assert c.snapshot() is conn and not conn.closed
+
+
+# ---------------------------------------------------------------- 2: the connector never dies
+
+
+def test_the_connector_survives_a_registration_that_fails_after_it_connected(path, fake, clients):
+    holding, go = threading.Event(), threading.Event()
+
+    def handler(i, p):
+        assert p.hello()
+        if i == 0:
+            h, m = p.recv()
+            assert h.type == wire.REGISTER_SEGMENT
+            p.send(h.id, wire.RegisterSegmentReply(1))
+            p.close()  # the service goes away: the client reconnects
+            return
+        if i == 1:
+            h, m = p.recv()  # segment A, registered again
+            holding.set()
+            go.wait(10)
+            p.send(h.id, wire.RegisterSegmentReply(1))
+            p.recv()  # segment B, added meanwhile: the service closes right then
+            p.close()
+            return
+        p.serve()
+
+    fake(handler)
+    c = clients(path, timeout=2.0)
+    assert c.wait_connected(10)
+    fa, fb = memfd(), memfd()
+    try:
+        c.add_segment(fa, "a")
+        assert holding.wait(10), "the client did not register segment a again after reconnecting"
+        adder = threading.Thread(target=c.add_segment, args=(fb, "b"), daemon=True)
+        adder.start()
+        assert wait_for(lambda: len(c._segments) == 2, 10)
+        go.set()
+
+        def both():
+            try:
+                c.resolve(list(c._segments.values()))
+                return True
+            except sc.StrataError:
+                return False
+
+        assert wait_for(both, 10), "the connector died: L3 is off for the life of the process"
+        assert c._thread.is_alive()
+        adder.join(10)
+        assert not adder.is_alive()
+    finally:
+        os.close(fa)
+        os.close(fb)
+
+
+# ---------------------------------------------------------------- 7: what the log says
+
+
+def test_segment_id_0_is_a_refusal_with_a_warning(path, fake, clients, caplog):
+    def handler(i, p):
+        assert p.hello()
+        while True:
+            got = p.recv()
+            if got is None:
+                return
+            h, _ = got
+            if h.type == wire.REGISTER_SEGMENT:
+                p.send(h.id, wire.RegisterSegmentReply(0))
+
+    fake(handler)
+    c = clients(path)
+    assert c.wait_connected(10)
+    fd = memfd()
+    try:
+        with caplog.at_level(logging.WARNING, logger="strata_sglang"):
+            s = c.add_segment(fd, "kv")
+        assert s.refused and "segment id 0" in s.refused
+        assert any("segment id 0" in r.getMessage() for r in caplog.records), caplog.text
+        with pytest.raises(sc.StrataError, match="refused"):
+            c.resolve([s])
+    finally:
+        os.close(fd)
+
+
+def test_a_first_hello_that_times_out_is_logged_as_what_it_was(path, fake, clients, caplog):
+    def handler(i, p):
+        if i == 0:
+            p.recv()  # the Hello, never answered
+            return
+        assert p.hello()
+        p.serve()
+
+    fake(handler)
+    with caplog.at_level(logging.WARNING, logger="strata_sglang"):
+        c = clients(path, timeout=0.3)
+        assert c.wait_connected(10)
+    msgs = [r.getMessage() for r in caplog.records]
+    assert not any("again" in m for m in msgs), msgs
+    up = [m for m in msgs if "connected to the node service" in m]
+    assert len(up) == 1 and "1 failed attempt" in up[0] and "L3 is on" in up[0], msgs
+
+
+def test_a_segment_is_unregistered_and_closed_on_remove(path, fake, clients):
+    got = []
+
+    def handler(i, p):
+        assert p.hello()
+        while True:
+            r = p.recv()
+            if r is None:
+                return
+            h, m = r
+            got.append(h.type)
+            if h.type == wire.REGISTER_SEGMENT:
+                p.send(h.id, wire.RegisterSegmentReply(5))
+            elif h.type == wire.UNREGISTER_SEGMENT:
+                got.append(m.segment_id)
+                p.send(h.id, wire.Ack())
+
+    fake(handler)
+    c = clients(path)
+    assert c.wait_connected(10)
+    fd = memfd()
+    try:
+        s = c.add_segment(fd, "kv")
+        assert s.seg_id == 5
+        c.remove_segment(s)
+        assert wire.UNREGISTER_SEGMENT in got and got[-1] == 5
+        with pytest.raises(OSError):
+            os.fstat(s.fd)
+        assert not c._segments
+    finally:
+        os.close(fd)
 
 
 def test_no_peer_at_all_fails_fast(path):

@@ -1,0 +1,155 @@
+"""StrataStorage when the service stalls or starts slowly.
+
+SGLang's real host pools and a real strata serve; a stall is the service
+SIGSTOPped (its socket open, nothing answering), as a wedged or swapped-out
+service looks to the plugin.
+"""
+
+import logging
+import threading
+import time
+
+import pytest
+
+from conftest import CI, SGLANG_MISSING
+
+if SGLANG_MISSING:
+    if CI:
+        pytest.fail(SGLANG_MISSING + " (CI=true: these tests must run)", pytrace=False)
+    pytest.skip(SGLANG_MISSING, allow_module_level=True)
+
+import harness  # noqa: E402 - needs SGLang's classes, checked above
+from fakepeer import wait_for  # noqa: E402
+
+# How far past its deadline a call may end on a loaded two-core machine.
+SLACK = 1.5
+
+
+def make(sock, **kw):
+    from sglang.srt.mem_cache.storage import StorageBackendFactory
+
+    return StorageBackendFactory.create_backend("dynamic", harness.storage_config(sock, **kw), None)
+
+
+@pytest.fixture
+def backends():
+    made = []
+
+    def new(sock, **kw):
+        b = make(sock, **kw)
+        made.append(b)
+        return b
+
+    yield new
+    for b in made:
+        b.close()
+
+
+def warnings_of(caplog):
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name == "strata_sglang"
+    ]
+
+
+# ---------------------------------------------------------------- issue 18 B
+
+
+def test_writes_work_once_registration_returned_while_the_service_starts(sglang, serve, backends):
+    """A fresh service holds connections in its backlog until its arena is mapped
+    (seconds for a large one): registration waits for the connection attempt in
+    progress, so the first write after it works."""
+    pool = harness.host_pool("mha", "layer_first")
+    pages = [1, 2, 3, 4, 5]
+    harness.fill(pool, pages, seed=1)
+    serve.pause()  # as a service still mapping its arena: the Hello waits
+    resume = threading.Timer(0.3, serve.resume)
+    try:
+        b = backends(serve.socket, connect_wait_s=0.05)
+        resume.start()
+        b.register_mem_pool_host(pool)
+        ok = b.batch_set_v1(harness.keys(5, "first"), harness.indices(pool, pages))
+    finally:
+        resume.join()
+        serve.resume()
+    assert ok == [True] * 5
+    assert b.batch_exists(harness.keys(5, "first")) == 5
+
+
+# ---------------------------------------------------------------- issue 24: 3 and 7b
+
+
+def test_a_pool_registered_during_a_stall_gets_l3_once_the_service_resumes(
+    sglang, serve, backends, caplog
+):
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+
+    b = backends(serve.socket, timeout_s=0.5)
+    kv = harness.host_pool("mha", "page_first")
+    draft = harness.host_pool("mha", "page_first", label="draft", layers=1)
+    b.register_mem_host_pool_v2(kv, PoolName.KV)
+    assert b.client.wait_connected(10)
+    serve.pause()
+    try:
+        with caplog.at_level(logging.WARNING, logger="strata_sglang"):
+            t0 = time.monotonic()
+            b.register_mem_host_pool_v2(draft, PoolName.DRAFT)
+            took = time.monotonic() - t0
+    finally:
+        serve.resume()
+    assert took < 0.5 + SLACK, f"registration during a stall took {took:.1f} s"
+    assert any("retrying" in m for m in warnings_of(caplog)), caplog.text
+
+    keys = harness.keys(4, "stall")
+    idx = harness.indices(kv, [1, 2, 3, 4])
+    harness.fill(kv, [1, 2, 3, 4], seed=4)
+    harness.fill(draft, [1, 2, 3, 4], seed=5)
+
+    def both_stored():
+        r = b.batch_set_v2(
+            [
+                PoolTransfer(name=PoolName.KV, keys=keys, host_indices=idx),
+                PoolTransfer(name=PoolName.DRAFT, keys=keys, host_indices=idx),
+            ]
+        )
+        return r[PoolName.KV] == [True] * 4 and r[PoolName.DRAFT] == [True] * 4
+
+    assert wait_for(both_stored, 20), f"the draft pool never got L3: {b.pool_status()}"
+    assert b.pool_status() == {"kv": "enabled", "draft": "enabled"}
+    r = b.batch_exists_v2(keys, [PoolTransfer(name=PoolName.DRAFT)])
+    assert r.kv_hit_pages == 4 and r.extra_pool_hit_pages[PoolName.DRAFT] == 4
+
+
+def test_an_outage_is_one_warning_whatever_fails_in_it(sglang, serve, backends, caplog):
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+
+    b = backends(serve.socket, timeout_s=0.3)
+    pool = harness.host_pool("mha", "page_first")
+    b.register_mem_pool_host(pool)
+    assert b.client.wait_connected(10)
+    keys = harness.keys(2, "outage")
+    idx = harness.indices(pool, [1, 2])
+    t = [PoolTransfer(name=PoolName.KV, keys=keys, host_indices=idx)]
+    page = pool.get_data_page(0)
+    caplog.clear()  # a fresh service may not have answered the first Hello in 0.3 s
+    serve.pause()
+    try:
+        with caplog.at_level(logging.WARNING, logger="strata_sglang"):
+            for _ in range(2):
+                assert b.batch_get_v1(keys, idx) == [False, False]
+                assert b.batch_set_v1(keys, idx) == [False, False]
+                assert b.batch_exists(keys) == 0
+                assert b.exists(keys[0]) is False
+                assert b.set(keys[0], page) is False
+                assert b.get(keys[0], pool.get_dummy_flat_data_page()) is None
+                assert b.batch_exists_v2(keys, []).kv_hit_pages == 0
+                assert b.batch_get_v2(t)[PoolName.KV] == [False, False]
+                assert b.batch_set_v2(t)[PoolName.KV] == [False, False]
+            during = warnings_of(caplog)
+    finally:
+        serve.resume()
+    assert len(during) == 1, during
+    assert "not answering" in during[0] or "not reachable" in during[0]
+    assert b.client.wait_connected(20)
+    assert wait_for(lambda: b.batch_set_v1(keys, idx) == [True, True], 20)
