@@ -238,7 +238,8 @@ class StrataStorage(HiCacheStorage):
 
     Registering a pool returns once its memory is registered with the service,
     or after timeout_s (a stalled service; the registration then goes on in the
-    background).
+    background). A pool registered again under its name releases the memory of
+    the pool it replaces.
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
@@ -311,8 +312,8 @@ class StrataStorage(HiCacheStorage):
         logger.debug("strata: %s failed", op, exc_info=True)
 
     def _register(self, host, name) -> Optional[_Pool]:
-        """Register host as pool name and wait (within the timeout) until its
-        segments are registered."""
+        """Register host as pool name, releasing the segments of a pool it replaces,
+        and wait (within the timeout) until its segments are registered."""
         name = str(name.value if isinstance(name, PoolName) else name)
         with self._lock:
             p = self._pools.get(name)
@@ -323,7 +324,16 @@ class StrataStorage(HiCacheStorage):
             if p.disabled:
                 self._warn_once("pool:" + name, "strata: %s; this pool runs without L3", p.disabled)
             with self._lock:
+                old = self._pools.get(name)
                 self._pools[name] = p
+                live = {id(s) for q in self._pools.values() for _, _, s in q.segs}
+            if old is not None and old is not p:
+                # SGLang replaced the pool: its memfds are SGLang's no more.
+                # Unregistering them and closing our duplicates releases them
+                # (a pool re-registered 80 times kept 80 segments and their memory).
+                gone = {id(s): s for _, _, s in old.segs if id(s) not in live}
+                for s in gone.values():
+                    self.client.remove_segment(s)
         segs = [s for _, _, s in p.segs]
         if segs:
             self.client.ensure_registered(segs, self.timeout)

@@ -77,10 +77,11 @@ def strata_bin(tmp_path_factory):
 class Serve:
     """A strata serve process on a socket of its own; restartable."""
 
-    def __init__(self, binary: str, socket_path: str, arena: str = "512MiB"):
+    def __init__(self, binary: str, socket_path: str, arena: str = "512MiB", args=()):
         self.binary = binary
         self.socket = socket_path
         self.arena = arena
+        self.args = list(args)
         self.proc = None
         self.log = socket_path + ".log"
 
@@ -98,6 +99,7 @@ class Serve:
                 "",
                 "--log-level",
                 "warn",
+                *self.args,
             ],
             stdout=logf,
             stderr=logf,

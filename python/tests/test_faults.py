@@ -1,17 +1,20 @@
-"""StrataStorage when the service stalls or starts slowly.
+"""StrataStorage when the service stalls or starts slowly, and pools SGLang replaces.
 
 SGLang's real host pools and a real strata serve; a stall is the service
 SIGSTOPped (its socket open, nothing answering), as a wedged or swapped-out
 service looks to the plugin.
 """
 
+import gc
+import json
 import logging
+import os
 import threading
 import time
 
 import pytest
 
-from conftest import CI, SGLANG_MISSING
+from conftest import CI, SGLANG_MISSING, Serve
 
 if SGLANG_MISSING:
     if CI:
@@ -51,6 +54,15 @@ def warnings_of(caplog):
         for r in caplog.records
         if r.levelno >= logging.WARNING and r.name == "strata_sglang"
     ]
+
+
+def client_segments(b) -> int:
+    """How many segments the service holds for b's connection (its Stats)."""
+    from strata_sglang import wire
+
+    doc = json.loads(b.client.call(wire.Stats()).json)
+    me = b.client.snapshot().hello.client_id
+    return [c["segmentCount"] for c in doc["clients"] if c["id"] == me][0]
 
 
 # ---------------------------------------------------------------- issue 18 B
@@ -153,3 +165,35 @@ def test_an_outage_is_one_warning_whatever_fails_in_it(sglang, serve, backends, 
     assert "not answering" in during[0] or "not reachable" in during[0]
     assert b.client.wait_connected(20)
     assert wait_for(lambda: b.batch_set_v1(keys, idx) == [True, True], 20)
+
+
+# ---------------------------------------------------------------- issue 24: 4
+
+
+def test_re_registering_a_pool_releases_the_segment_it_replaces(
+    sglang, strata_bin, sock_path, backends
+):
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+
+    s = Serve(strata_bin, sock_path, args=["--max-segments-per-client", "8"]).start()
+    try:
+        b = backends(s.socket)
+        pool = harness.host_pool("mha", "page_first")
+        b.register_mem_host_pool_v2(pool, PoolName.KV)
+        assert b.client.wait_connected(10)
+        gc.collect()
+        fds0 = len(os.listdir("/proc/self/fd"))
+        for i in range(20):
+            pool = harness.host_pool("mha", "page_first")
+            b.register_mem_host_pool_v2(pool, PoolName.KV)
+            b.register_mem_pool_host(pool)  # the same pool again: kept
+        gc.collect()
+        assert len(b.client._segments) == 1
+        assert client_segments(b) == 1
+        assert len(os.listdir("/proc/self/fd")) <= fds0 + 2
+        keys = harness.keys(3, "rereg")
+        harness.fill(pool, [1, 2, 3], seed=9)
+        assert b.batch_set_v1(keys, harness.indices(pool, [1, 2, 3])) == [True] * 3
+        assert b.pool_status() == {"kv": "enabled"}
+    finally:
+        s.stop()
