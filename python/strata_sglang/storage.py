@@ -135,6 +135,7 @@ class _Pool:
         self.bases = self.ends = None  # the segments' [base, end), int64 tensors
         self.model = None  # batch.PageModel, made at the first batch
         self.page_size = int(getattr(host, "page_size", 0) or 0)
+        self.tokens = int(getattr(host, "size", 0) or 0)  # slots: host indices are below it
         layout = getattr(host, "layout", None)
         self.mla = hasattr(host, "kv_cache_dim") and not hasattr(host, "head_dim")
         dtype = str(getattr(host, "dtype", ""))
@@ -404,7 +405,29 @@ class StrataStorage(HiCacheStorage):
                 pool.page_size,
             )
             return None
-        got = pool.pointers(host_indices, n)
+        # A page with an index outside the pool is refused before anything
+        # else: SGLang's get_page_buffer_meta answers pointers inside the pool
+        # for some of them (a token past the end gives page 0's V), which would
+        # read into, or store from, another page.
+        ps, tokens = pool.page_size, pool.tokens
+        flat = host_indices.reshape(-1)
+        lo, top = torch.aminmax(flat)  # 7 us for 128 pages of 64; the mask below is 50
+        chosen = None  # the pages (into keys) planned, when not all of them
+        if int(lo) < 0 or int(top) >= tokens or int(flat[::ps].max()) + ps > tokens:
+            idx = flat.view(n, ps)
+            inside = ((idx >= 0) & (idx < tokens)).all(1) & (idx[:, 0] + ps <= tokens)
+            self._warn_once(
+                "outside:" + pool.name,
+                "strata: pool %s was given host indices outside its %d slots; those pages fail",
+                pool.name,
+                tokens,
+            )
+            chosen = inside.nonzero().flatten()
+            if chosen.numel() == 0:
+                return None
+            host_indices = idx[chosen].reshape(-1)
+        m = n if chosen is None else int(chosen.numel())
+        got = pool.pointers(host_indices, m)
         if got is None:
             return None
         plan = batch.plan_pages(got[0], got[1], pool.parts, pool.bases, pool.ends)
@@ -419,15 +442,14 @@ class StrataStorage(HiCacheStorage):
                 pool.name,
                 wire.MAX_RANGES,
             )
-        valid = _keys_ok(keys)
-        if valid < n:  # a bad key: that page is skipped, not the batch
-            ok = torch.tensor([_key_ok(k) for k in keys], dtype=torch.bool)
-            good = good & ok
+        planned = keys if chosen is None else [keys[p] for p in chosen.tolist()]
+        if _keys_ok(planned) < m:  # a bad key: that page is skipped, not the batch
+            good = good & torch.tensor([_key_ok(k) for k in planned], dtype=torch.bool)
         if bool(good.all()):
-            pages = list(range(n))
+            pages = list(range(n)) if chosen is None else chosen.tolist()
         else:
             rows = good.nonzero().flatten()
-            pages = rows.tolist()
+            pages = (rows if chosen is None else chosen[rows]).tolist()
             seg, off, length, keep = seg[rows], off[rows], length[rows], keep[rows]
         if not pages:
             return None

@@ -1,4 +1,4 @@
-"""StrataStorage when the service stalls or starts slowly, and pools SGLang replaces.
+"""StrataStorage when the service stalls or starts slowly, pools SGLang replaces, bad indices.
 
 SGLang's real host pools and a real strata serve; a stall is the service
 SIGSTOPped (its socket open, nothing answering), as a wedged or swapped-out
@@ -26,6 +26,17 @@ from fakepeer import wait_for  # noqa: E402
 
 # How far past its deadline a call may end on a loaded two-core machine.
 SLACK = 1.5
+
+
+LAYOUTS = [
+    ("mha", "layer_first"),
+    ("mha", "page_first"),
+    ("mha", "page_first_direct"),
+    ("mha", "page_head"),
+    ("mla", "layer_first"),
+    ("mla", "page_first"),
+    ("mla", "page_first_direct"),
+]
 
 
 def make(sock, **kw):
@@ -197,3 +208,49 @@ def test_re_registering_a_pool_releases_the_segment_it_replaces(
         assert b.pool_status() == {"kv": "enabled"}
     finally:
         s.stop()
+
+
+# ---------------------------------------------------------------- issue 24: 6
+
+
+@pytest.mark.parametrize("kind,layout", LAYOUTS)
+def test_indices_outside_the_pool_are_refused_for_every_method(
+    sglang, serve, backends, kind, layout
+):
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+
+    mla = kind == "mla"
+    b = backends(serve.socket, mla=mla)
+    pool = harness.host_pool(kind, layout)
+    b.register_mem_pool_host(pool)
+    assert b.client.wait_connected(10)
+    n = pool.page_num
+    harness.fill(pool, list(range(n)), seed=12)
+    before = [harness.page_bytes(pool, p) for p in range(n)]
+    keys = harness.keys(3, "edge" + kind + layout)
+    assert b.batch_set_v1(keys, harness.indices(pool, [1, 2, 3])) == [True] * 3
+
+    import torch
+
+    ps = pool.page_size
+    past = torch.arange(n * ps, (n + 2) * ps)  # pages page_num, page_num + 1
+    neg = torch.arange(-ps, 0)
+    mixed = torch.cat([harness.indices(pool, [4]), past[:ps]])
+    assert b.batch_get_v1(keys[:2], past) == [False, False]
+    assert b.batch_get_v1(keys[:1], neg) == [False]
+    assert b.batch_get_v1(keys[:2], mixed) == [True, False]
+    t = [PoolTransfer(name=PoolName.KV, keys=keys[:2], host_indices=past)]
+    assert b.batch_get_v2(t)[PoolName.KV] == [False, False]
+    other = harness.keys(2, "edge-set" + kind + layout)
+    assert b.batch_set_v1(other, past) == [False, False]
+    t = [PoolTransfer(name=PoolName.KV, keys=other, host_indices=past)]
+    assert b.batch_set_v2(t)[PoolName.KV] == [False, False]
+    # A page whose indices are in the pool but whose first token's page runs
+    # past its end (SGLang reads page_size tokens from the first index).
+    wraps = torch.tensor([n * ps - 1] + list(range(ps - 1)))
+    assert b.batch_set_v1(other[:1], wraps) == [False]
+    assert b.batch_exists(other) == 0
+    # Nothing but page 4 (a hit read into it) changed.
+    for p in range(n):
+        if p != 4:
+            assert harness.page_bytes(pool, p).equal(before[p]), f"page {p} was overwritten"
