@@ -262,6 +262,7 @@ class StrataStorage(HiCacheStorage):
         self._stage_lock = threading.Lock()
         self._stage = None  # (mmap, tensor, Segment)
         self._warned = set()
+        self._item_log = {}  # (store|read, status) -> (last logged, failures not logged since)
         self._stats = {
             "exists_calls": 0,
             "get_pages": 0,
@@ -311,6 +312,30 @@ class StrataStorage(HiCacheStorage):
             e,
         )
         logger.debug("strata: %s failed", op, exc_info=True)
+
+    def _item_failed(self, op: int, res):
+        """A page part the service did not store or read, for another reason than
+        a miss: logged with the service's reason, once a minute per kind."""
+        kind = ("store" if op == wire.PUT else "read", res.status)
+        now = time.monotonic()
+        with self._lock:
+            last, quiet = self._item_log.get(kind, (None, 0))
+            if last is not None and now - last < 60:
+                self._item_log[kind] = (last, quiet + 1)
+                return
+            self._item_log[kind] = (now, 0)
+        name = (
+            wire.STATUS_NAMES[res.status] if 0 <= res.status <= wire.MAX_STATUS else str(res.status)
+        )
+        logger.warning(
+            "strata: the node service did not %s a page: %s: %s; that page %s. Failures of this kind are "
+            "logged at most once a minute%s",
+            kind[0],
+            name,
+            res.message or "(no reason given)",
+            "is not in L3" if op == wire.PUT else "is a miss",
+            f" ({quiet} more since the last line)" if quiet else "",
+        )
 
     def _register(self, host, name) -> Optional[_Pool]:
         """Register host as pool name, releasing the segments of a pool it replaces,
@@ -507,6 +532,8 @@ class StrataStorage(HiCacheStorage):
                 if res.status != wire.OK:
                     j, p = owner[k]
                     out[j][p] = False
+                    if op == wire.PUT or res.status != wire.NOT_FOUND:
+                        self._item_failed(op, res)
                 else:
                     moved += lengths[k]
         with self._lock:
@@ -715,6 +742,8 @@ class StrataStorage(HiCacheStorage):
                     raise wire.Malformed(f"{len(r.results)} results for {len(items)} items")
                 for ((idx, _, b), o), res in zip(batch, r.results):
                     if res.status != wire.OK:
+                        if op == wire.PUT or res.status != wire.NOT_FOUND:
+                            self._item_failed(op, res)
                         continue
                     if op == wire.GET:
                         t = tensors[idx]

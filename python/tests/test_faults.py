@@ -100,6 +100,28 @@ def test_writes_work_once_registration_returned_while_the_service_starts(sglang,
     assert b.batch_exists(harness.keys(5, "first")) == 5
 
 
+def test_a_failed_item_is_logged_once_with_the_services_reason(sglang, serve, backends, caplog):
+    a = backends(serve.socket)
+    b = backends(serve.socket)
+    pa, pb = harness.host_pool("mha", "page_first"), harness.host_pool("mha", "layer_first")
+    a.register_mem_pool_host(pa)
+    b.register_mem_pool_host(pb)
+    keys = harness.keys(3, "fmt")
+    assert a.batch_set_v1(keys, harness.indices(pa, [1, 2, 3])) == [True] * 3
+    with caplog.at_level(logging.WARNING, logger="strata_sglang"):
+        for _ in range(5):
+            # The same objects in another layout: the service refuses each item.
+            assert b.batch_set_v1(keys, harness.indices(pb, [1, 2, 3])) == [False] * 3
+    got = [m for m in warnings_of(caplog) if "format_mismatch" in m]
+    assert len(got) == 1, caplog.text
+    assert "write-once" in got[0]  # the service's own reason
+    # A miss is not a failure: nothing logged for it.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="strata_sglang"):
+        assert b.batch_get_v1(harness.keys(2, "absent"), harness.indices(pb, [4, 5])) == [False] * 2
+    assert warnings_of(caplog) == []
+
+
 # ---------------------------------------------------------------- issue 24: 3 and 7b
 
 
