@@ -166,7 +166,9 @@ class _Pool:
         self.prefix = prefix
         self.prefix_b = prefix.encode("utf-8")
         self.suffixes_b = [x.encode() for x in self.suffixes]
-        # MLA KV is the same on every TP rank: rank 0 writes it, every rank reads it.
+        # MLA KV is the same on every TP rank: rank 0 writes it, every rank reads it
+        # (SGLang's controllers back up MLA from rank 0 only). A write called on
+        # another rank stores nothing and answers False: what is true of it.
         self.writes = not (self.mla and owner.tp_rank != 0)
         if not ok or not hasattr(host, "get_page_buffer_meta") or self.page_size <= 0:
             self.disabled = (
@@ -240,7 +242,9 @@ class StrataStorage(HiCacheStorage):
     Registering a pool returns once its memory is registered with the service,
     or after timeout_s (a stalled service; the registration then goes on in the
     background). A pool registered again under its name releases the memory of
-    the pool it replaces.
+    the pool it replaces. With MLA, TP rank 0 writes the objects every rank
+    reads: a write on another rank stores nothing and answers False (SGLang
+    backs up MLA from rank 0 only and never calls it).
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
@@ -492,8 +496,7 @@ class StrataStorage(HiCacheStorage):
             if pool is None or pool.disabled or not keys:
                 continue
             if op == wire.PUT and not pool.writes:
-                out[j] = [True] * len(keys)  # MLA: rank 0 writes the objects every rank reads
-                continue
+                continue  # MLA: rank 0 writes the objects every rank reads; this rank stores nothing
             plan = self._plan(op, j, pool, keys, host_indices)
             if plan is not None:
                 plans.append(plan)

@@ -1,4 +1,4 @@
-"""StrataStorage when the service stalls or starts slowly, pools SGLang replaces, bad indices.
+"""StrataStorage when the service stalls or fails a page; replaced pools; bad indices.
 
 SGLang's real host pools and a real strata serve; a stall is the service
 SIGSTOPped (its socket open, nothing answering), as a wedged or swapped-out
@@ -122,7 +122,7 @@ def test_a_failed_item_is_logged_once_with_the_services_reason(sglang, serve, ba
     assert warnings_of(caplog) == []
 
 
-# ---------------------------------------------------------------- issue 24: 3 and 7b
+# ---------------------------------------------------------------- issue 24: 3 and 7
 
 
 def test_a_pool_registered_during_a_stall_gets_l3_once_the_service_resumes(
@@ -198,6 +198,19 @@ def test_an_outage_is_one_warning_whatever_fails_in_it(sglang, serve, backends, 
     assert "not answering" in during[0] or "not reachable" in during[0]
     assert b.client.wait_connected(20)
     assert wait_for(lambda: b.batch_set_v1(keys, idx) == [True, True], 20)
+
+
+def test_mla_ranks_other_than_0_write_nothing_and_say_so(sglang, stopped_serve, backends):
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+
+    b = backends(stopped_serve.socket, mla=True, tp_rank=1, tp_size=2, connect_wait_s=0.05)
+    pool = harness.host_pool("mla", "page_first")
+    b.register_mem_pool_host(pool)
+    keys = harness.keys(2, "mla1")
+    idx = harness.indices(pool, [1, 2])
+    assert b.batch_set_v1(keys, idx) == [False, False]
+    t = [PoolTransfer(name=PoolName.KV, keys=keys, host_indices=idx)]
+    assert b.batch_set_v2(t)[PoolName.KV] == [False, False]
 
 
 # ---------------------------------------------------------------- issue 24: 4
