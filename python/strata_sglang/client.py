@@ -1,10 +1,13 @@
 """A client of the node service (``strata serve``) for Python engines.
 
 One Unix-socket connection, requests pipelined from any thread (a reader thread
-hands each reply to its caller by request id), a deadline on every call, and a
-background connector that reconnects with backoff and registers every segment
-again, as ``storage/nodeclient`` does in Go. While the service is unreachable,
-calls fail at once with :class:`Unavailable`; the caller turns that into misses.
+hands each reply to its caller by request id), a deadline on every call that
+holds whatever the peer does, and a background connector that reconnects with
+backoff and registers every segment again, as ``storage/nodeclient`` does in Go.
+While the service is unreachable, calls fail at once with :class:`Unavailable`;
+the caller turns that into misses. A connection on which MAX_TIMEOUTS calls in a
+row got no answer is dropped and made again: a hung service costs each call its
+deadline only until then.
 """
 
 from __future__ import annotations
@@ -15,12 +18,22 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 from . import wire
 
 logger = logging.getLogger("strata_sglang")
+
+# Calls in a row that get no answer within their deadline before the
+# connection is dropped and made again: a peer that stops answering (a hung
+# service, half a frame and silence) is abandoned instead of costing every call
+# its full deadline for as long as it keeps the socket open.
+MAX_TIMEOUTS = 2
+
+# Refusals of a segment registration that pass: retried like a lost connection.
+# Any other refusal (quota, memory the service cannot map) is final.
+_TRANSIENT_REFUSALS = (wire.BUSY, wire.UNAVAILABLE)
 
 
 class StrataError(Exception):
@@ -29,6 +42,15 @@ class StrataError(Exception):
 
 class Unavailable(StrataError):
     """The service is not connected (down, restarting, or not started yet)."""
+
+
+class NotRegistered(Unavailable):
+    """A segment is not registered on the live connection yet (being registered,
+    or its registration failed for a reason that passes and is being retried)."""
+
+
+class SegmentRefused(StrataError):
+    """A segment the service refused (final until it restarts; the client warned)."""
 
 
 class Timeout(StrataError):
@@ -53,33 +75,69 @@ class _Slot:
         self.err = None
 
 
+def _left(deadline: float) -> float:
+    return deadline - time.monotonic()
+
+
 class Connection:
-    """One session with the service: Hello done, replies dispatched by id."""
+    """One session with the service: Hello done, replies dispatched by id.
+
+    Every call ends by its deadline: connecting and the Hello together within
+    timeout, each call within the timeout it is given, however slowly the peer
+    sends or however much it announces (a frame body over wire.MAX_BODY is
+    refused at its header, and the connection closed).
+    """
 
     def __init__(self, path: str, timeout: float, client_name: str):
+        deadline = time.monotonic() + timeout
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
             sock.connect(path)
+        except socket.timeout:
+            sock.close()
+            raise Timeout(
+                f"connecting to the node service at {path} took over {timeout:g} s"
+            ) from None
         except OSError:
             sock.close()
             raise
         self._sock = sock
+        self._timeout = timeout
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._pending: Dict[int, Tuple[int, _Slot]] = {}
+        self._late_register = set()  # ids of RegisterSegment calls that timed out
         self._next_id = 0
+        self._timeouts = 0  # calls in a row that timed out
         self.closed = False
         self.dead = threading.Event()
         self.error: Optional[BaseException] = None
-        # Hello before the reader starts: a plain round trip.
+        self.orphans: List[int] = []  # segment ids registered after their caller gave up
+        self.on_recover = None  # on_recover(conn): a call was answered after timeouts
+        # Hello before the reader starts: a plain round trip, by the deadline.
         try:
-            self._send(1, wire.Hello(wire.VERSION, client_name[: wire.MAX_NAME], os.getpid()))
-            h, msg = self._read_frame(time.monotonic() + timeout)
+            self._send(
+                1,
+                wire.Hello(wire.VERSION, client_name[: wire.MAX_NAME], os.getpid()),
+                deadline=deadline,
+            )
+            try:
+                h, msg = self._read_frame(deadline)
+            except Timeout:
+                raise Timeout(
+                    f"the node service at {path} did not answer Hello within {timeout:g} s"
+                ) from None
             if isinstance(msg, wire.Error):
                 raise Refused(msg.code, msg.message)
             if not isinstance(msg, wire.HelloReply) or h.id != 1:
                 raise wire.Malformed(f"answered Hello with {type(msg).__name__}")
+            sock.settimeout(timeout)  # what the reader polls with, and a send's ceiling
+        except socket.timeout:
+            sock.close()
+            raise Timeout(
+                f"sending Hello to the node service at {path} took over {timeout:g} s"
+            ) from None
         except BaseException:
             sock.close()
             raise
@@ -90,23 +148,38 @@ class Connection:
 
     # -- sending
 
-    def _send(self, req_id: int, msg, fds=(), body: Optional[bytes] = None):
+    def _send(self, req_id: int, msg, fds=(), body: Optional[bytes] = None, *, deadline: float):
+        """Send one frame by deadline. Timeout when the send lock is not ours in
+        time (nothing sent); socket.timeout (an OSError) when the peer stopped
+        reading mid-frame: the stream is lost."""
         frame = wire.encode_frame(req_id, msg, body)
-        with self._send_lock:
-            if fds:
-                anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
-                n = self._sock.sendmsg([frame], anc)
-                if n < len(frame):
-                    self._sock.sendall(memoryview(frame)[n:])
-            else:
-                self._sock.sendall(frame)
+        if not self._send_lock.acquire(timeout=max(_left(deadline), 0.0)):
+            raise Timeout("another request held the connection past this one's deadline")
+        try:
+            # The socket's timeout is shared with the reader, which treats a
+            # timeout as a poll: any positive value is safe for it.
+            self._sock.settimeout(max(_left(deadline), 1e-3))
+            try:
+                if fds:
+                    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+                    n = self._sock.sendmsg([frame], anc)
+                    if n < len(frame):
+                        self._sock.sendall(memoryview(frame)[n:])
+                else:
+                    self._sock.sendall(frame)
+            finally:
+                self._sock.settimeout(self._timeout)
+        finally:
+            self._send_lock.release()
 
     def call(self, msg, timeout: float, fds=(), body: Optional[bytes] = None):
-        """Send msg and wait up to timeout seconds for its reply.
+        """Send msg and wait for its reply; returns or raises within timeout seconds.
 
         Raises Unavailable (the connection is gone), Timeout, Refused (an Error
-        reply) or wire.Malformed (a reply that breaks the protocol).
+        reply) or wire.Malformed (a reply that breaks the protocol). After
+        MAX_TIMEOUTS timeouts in a row the connection is closed.
         """
+        deadline = time.monotonic() + timeout
         slot = _Slot()
         with self._lock:
             if self.closed:
@@ -115,18 +188,34 @@ class Connection:
             req_id = self._next_id
             self._pending[req_id] = (msg.TYPE, slot)
         try:
-            self._send(req_id, msg, fds, body)
+            self._send(req_id, msg, fds, body, deadline=deadline)
         except wire.Malformed:
             self._forget(req_id)
+            raise
+        except Timeout:
+            self._forget(req_id)
+            self._timed_out()
             raise
         except OSError as e:
             # Part of a frame may be on the socket: the stream is lost.
             self._forget(req_id)
             self.close(e)
+            if isinstance(e, socket.timeout):
+                raise Timeout(
+                    f"the node service did not take a request within {timeout:g} s"
+                ) from None
             raise Unavailable(f"send to the node service: {e}") from None
-        if not slot.event.wait(timeout):
-            self._forget(req_id)
-            raise Timeout(f"no reply from the node service within {timeout:g} s")
+        if not slot.event.wait(max(_left(deadline), 0.0)):
+            with self._lock:
+                gone = self._pending.pop(req_id, None) is not None
+                if gone and msg.TYPE == wire.REGISTER_SEGMENT:
+                    self._late_register.add(req_id)
+            if gone or not slot.event.wait(1.0):  # else the reader is handing it over now
+                self._timed_out()
+                raise Timeout(f"no reply from the node service within {timeout:g} s")
+        if isinstance(slot.err, Unavailable):
+            raise slot.err
+        self._answered()
         if slot.err is not None:
             raise slot.err
         return slot.msg
@@ -135,27 +224,54 @@ class Connection:
         with self._lock:
             self._pending.pop(req_id, None)
 
+    def _timed_out(self):
+        with self._lock:
+            self._timeouts += 1
+            n = self._timeouts
+        if n >= MAX_TIMEOUTS:
+            self.close(
+                Timeout(
+                    f"{n} requests in a row got no reply within their deadline: the node service is hung "
+                    "or overloaded; dropping the connection and making a new one"
+                )
+            )
+
+    def _answered(self):
+        if self._timeouts:
+            with self._lock:
+                self._timeouts = 0
+            hook = self.on_recover
+            if hook is not None:
+                hook(self)
+
     # -- receiving
 
     def _recv_exact(self, n: int, deadline: Optional[float]) -> bytes:
+        """n bytes from the socket; by deadline (Timeout) when it is given."""
         buf = bytearray(n)
         view = memoryview(buf)
         got = 0
         while got < n:
             if self.closed:
                 raise Unavailable("connection closed")
+            if deadline is not None:
+                # Before every recv, the time left: a peer that sends a byte just
+                # before each timeout must not stretch the wait.
+                left = _left(deadline)
+                if left <= 0:
+                    raise Timeout("the node service did not answer in time")
+                self._sock.settimeout(left)
             try:
                 k = self._sock.recv_into(view[got:])
             except socket.timeout:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise Timeout("the node service did not answer in time") from None
-                continue
+                continue  # the reader polls; a deadline is checked above
             if k == 0:
                 raise Unavailable("the node service closed the connection")
             got += k
         return bytes(buf)
 
     def _read_frame(self, deadline: Optional[float]):
+        # parse_header refuses a body over wire.MAX_BODY before any of it is read.
         h = wire.parse_header(self._recv_exact(wire.HEADER_SIZE, deadline))
         body = self._recv_exact(h.length, deadline) if h.length else b""
         try:
@@ -169,6 +285,13 @@ class Connection:
                 h, msg = self._read_frame(None)
                 with self._lock:
                     entry = self._pending.pop(h.id, None)
+                    late = entry is None and h.id in self._late_register
+                    if late:
+                        self._late_register.discard(h.id)
+                        if isinstance(msg, wire.RegisterSegmentReply) and msg.segment_id:
+                            # Registered after its caller gave up: the client
+                            # unregisters it, so it holds nothing in the service.
+                            self.orphans.append(msg.segment_id)
                 if entry is None:
                     continue  # its caller gave up (deadline)
                 req_type, slot = entry
@@ -207,7 +330,7 @@ class Connection:
         self.dead.set()
 
 
-@dataclass
+@dataclass(eq=False)
 class Segment:
     """A memfd the service maps: registered once per connection."""
 
@@ -215,13 +338,24 @@ class Segment:
     fd: int  # our duplicate, so re-registration works after the pool's owner closed its own
     size: int
     seg_id: int = 0  # on conn; 0 when not registered
-    conn: Optional[Connection] = None  # the connection seg_id belongs to
-    refused: str = ""  # the service's reason, when it refused the segment
-    warned: bool = False
+    conn: Optional[Connection] = None  # the connection seg_id (or the refusal) belongs to
+    refused: str = ""  # the service's reason, when it refused the segment (final on conn)
+    failing: str = ""  # why the last registration failed, when it is being retried
+    warned: bool = False  # the refusal was logged
+    removed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def on(self, conn: Connection) -> bool:
+        """Registered on conn."""
+        return self.conn is conn and self.seg_id != 0
 
 
 class Client:
-    """The plugin's link to strata serve: reconnects and re-registers by itself."""
+    """The plugin's link to strata serve: reconnects and re-registers by itself.
+
+    The connector thread never ends before close(): every failure in it (a
+    connection lost while it registers, a bug) is retried with backoff.
+    """
 
     def __init__(
         self,
@@ -237,12 +371,21 @@ class Client:
         self.reconnect_min = reconnect_min
         self.reconnect_max = reconnect_max
         self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._conn: Optional[Connection] = None
         self._segments: Dict[Tuple[int, int], Segment] = {}
         self._closed = False
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._up = threading.Event()
-        self._warned_down = False
+        # An outage is warned about once, whatever fails in it, and ends when
+        # the service answers again (a new connection, or an answer after timeouts).
+        self._outage = False
+        self._failed_attempts = 0  # since the last connection
+        self._last_error: Optional[BaseException] = None
+        # Connection attempts begun and ended: a registration waits for the one
+        # in progress. The first is begun here, before its thread runs.
+        self._started, self._settled = 1, 0
         self.connects = 0
         self.epoch = 0
         self._thread = threading.Thread(
@@ -254,55 +397,155 @@ class Client:
 
     def _connector(self):
         backoff = self.reconnect_min
+        first = True
         while not self._stop.is_set():
             conn = None
             try:
-                conn = Connection(self.socket_path, self.timeout, self.client_name)
-                self._register_all(conn)
-            except BaseException as e:  # noqa: BLE001 - retried with backoff
-                if conn is not None:
-                    conn.close(e)
-                self._down(e)
-                self._stop.wait(backoff)
+                conn = self._attempt(first)
+            except BaseException as e:  # noqa: BLE001 - never end L3 for the process: retry
+                logger.debug("strata: connection attempt failed", exc_info=True)
+                self._attempt_failed(e)
+                conn = None
+            first = False
+            if conn is None:
+                self._wake.wait(backoff)
                 backoff = min(backoff * 2, self.reconnect_max)
                 continue
+            backoff = self.reconnect_min
+            try:
+                self._watch(conn)
+            except BaseException as e:  # noqa: BLE001 - drop the connection, make another
+                logger.debug("strata: connection watch failed", exc_info=True)
+                conn.close(e)
+            self._lost(conn)
+
+    def _attempt(self, first: bool) -> Optional[Connection]:
+        """Connect, register every segment, publish; None when that failed."""
+        with self._lock:
+            if self._closed:
+                return None
+            if not first:
+                self._started += 1
+        self._wake.clear()
+        try:
+            try:
+                conn = Connection(self.socket_path, self.timeout, self.client_name)
+            except BaseException as e:  # noqa: BLE001 - OSError, Timeout, Refused, Malformed
+                self._attempt_failed(e)
+                return None
+            conn.on_recover = self._recovered
+            # Registered before the connection is published: no call ever sees
+            # it with the pools missing that were known when it was made.
+            with self._lock:
+                segs = list(self._segments.values())
+            for s in segs:
+                if conn.closed:
+                    break
+                self._ensure(conn, s)
+            if conn.closed:
+                self._attempt_failed(
+                    conn.error or Unavailable("the connection closed while registering")
+                )
+                return None
             with self._lock:
                 if self._closed:
                     conn.close()
-                    return
+                    return None
                 self._conn = conn
                 self.connects += 1
                 self.epoch += 1
-                again = self.connects > 1 or self._warned_down
-                self._warned_down = False
-                # Segments added while registering missed the loop above.
-                missed = [s for s in self._segments.values() if s.seg_id == 0 and not s.refused]
-            for s in missed:
-                self._register_one(conn, s)
+                again = self.connects > 1
+                failed, last = self._failed_attempts, self._last_error
+                self._failed_attempts = 0
+                segs = list(self._segments.values())
+            for s in segs:  # added while the others were registered
+                self._ensure(conn, s)
+            self._announce(conn, again, failed, last)
             self._up.set()
-            if again:
-                logger.warning(
-                    "strata: connected to the node service at %s again and registered %d host memory segments; L3 is back",
-                    self.socket_path,
-                    len(self._segments),
-                )
-            backoff = self.reconnect_min
-            while not conn.dead.wait(0.5):
-                if self._stop.is_set():
+            return conn
+        finally:
+            with self._cond:
+                self._settled = self._started
+                self._cond.notify_all()
+
+    def _announce(self, conn: Connection, again: bool, failed: int, last):
+        with self._lock:
+            segs = list(self._segments.values())
+            self._outage = False
+        ok = sum(1 for s in segs if s.on(conn))
+        refused = sum(1 for s in segs if s.conn is conn and s.refused)
+        what = f"registered {ok} of {len(segs)} host memory segments"
+        if refused:
+            what += f" ({refused} refused)"
+        if len(segs) - ok - refused:
+            what += f" ({len(segs) - ok - refused} being retried)"
+        if again:
+            logger.warning(
+                "strata: connected to the node service at %s again and %s; L3 is back",
+                self.socket_path,
+                what,
+            )
+        elif failed:
+            logger.warning(
+                "strata: connected to the node service at %s after %d failed attempt%s (the last: %s); %s; L3 is on",
+                self.socket_path,
+                failed,
+                "" if failed == 1 else "s",
+                last,
+                what,
+            )
+        else:
+            logger.info("strata: connected to the node service at %s; %s", self.socket_path, what)
+
+    def _watch(self, conn: Connection):
+        """Until conn dies: retry registrations that failed, unregister orphans."""
+        retry = self.reconnect_min
+        while not self._stop.is_set():
+            pending = self._unregistered(conn)
+            if conn.dead.wait(retry if pending else 0.5):
+                return
+            while conn.orphans and not conn.closed:
+                seg_id = conn.orphans.pop()
+                try:
+                    conn.call(wire.UnregisterSegment(seg_id), self.timeout)
+                except (StrataError, wire.Malformed):
+                    pass  # the connection's end releases it in the service anyway
+            for s in pending:
+                if conn.closed:
                     return
-            with self._lock:
-                if self._conn is conn:
-                    self._conn = None
-                    self._up.clear()
-                    for s in self._segments.values():
-                        s.seg_id, s.conn, s.refused = 0, None, ""
-            self._down(conn.error)
+                self._ensure(conn, s)
+            retry = (
+                min(retry * 2, self.reconnect_max)
+                if self._unregistered(conn)
+                else self.reconnect_min
+            )
+
+    def _unregistered(self, conn: Connection) -> List[Segment]:
+        with self._lock:
+            return [
+                s
+                for s in self._segments.values()
+                if not s.removed and not s.on(conn) and not (s.conn is conn and s.refused)
+            ]
+
+    def _lost(self, conn: Connection):
+        with self._lock:
+            if self._conn is conn:
+                self._conn = None
+                self._up.clear()
+                for s in self._segments.values():
+                    s.seg_id, s.conn, s.refused = 0, None, ""
+        self._down(conn.error)
+
+    def _attempt_failed(self, err):
+        with self._lock:
+            self._failed_attempts += 1
+            self._last_error = err
+        self._down(err)
 
     def _down(self, err):
-        with self._lock:
-            if self._warned_down or self._closed:
-                return
-            self._warned_down = True
+        if not self._begin_outage():
+            return
         logger.warning(
             "strata: the node service at %s is not reachable (%s); L3 reads are misses and writes fail "
             "until it is back. Reconnecting in the background. Start it with: strata serve --socket %s",
@@ -311,31 +554,122 @@ class Client:
             self.socket_path,
         )
 
-    def _register_all(self, conn: Connection):
+    def _begin_outage(self) -> bool:
+        """Mark an outage begun; True when it had not been (warn now)."""
         with self._lock:
-            segs = list(self._segments.values())
-        for s in segs:
-            self._register_one(conn, s)
+            if self._outage or self._closed:
+                return False
+            self._outage = True
+            return True
 
-    def _register_one(self, conn: Connection, s: Segment):
-        try:
-            r = conn.call(
-                wire.RegisterSegment(s.size, s.name[: wire.MAX_NAME]), self.timeout, fds=[s.fd]
-            )
+    def note_failure(self, err: BaseException):
+        """A call timed out: one warning per outage, whatever fails in it."""
+        if not self._begin_outage():
+            return
+        logger.warning(
+            "strata: the node service at %s is not answering (%s); until it does, L3 reads are misses and "
+            "writes fail, each call costing at most its deadline of %g s; after %d timeouts in a row the "
+            "plugin reconnects. Further failures of this outage are not logged",
+            self.socket_path,
+            err,
+            self.timeout,
+            MAX_TIMEOUTS,
+        )
+
+    def _recovered(self, conn: Connection):
+        with self._lock:
+            if self._conn is not conn or not self._outage:
+                return
+            self._outage = False
+        logger.warning("strata: the node service at %s answers again; L3 is back", self.socket_path)
+
+    # -- registration
+
+    def _ensure(self, conn: Connection, s: Segment, timeout: Optional[float] = None) -> bool:
+        """Register s on conn unless it is (or was refused there); never raises.
+        True when s is registered on conn."""
+        with s.lock:  # one registration of s at a time; remove_segment waits for it
+            with self._lock:
+                if s.removed or self._closed:
+                    return False
+                if s.on(conn) or (s.conn is conn and s.refused):
+                    return s.on(conn)
+            if conn.closed:
+                return False
+            try:
+                r = conn.call(
+                    wire.RegisterSegment(s.size, s.name[: wire.MAX_NAME]),
+                    self.timeout if timeout is None else timeout,
+                    fds=[s.fd],
+                )
+            except Refused as e:
+                if e.code in _TRANSIENT_REFUSALS:
+                    self._retrying(s, e, outage=False)
+                else:
+                    self._refused(s, conn, str(e))
+                return False
+            except wire.Malformed as e:
+                self._refused(
+                    s,
+                    conn,
+                    f"the node service answered RegisterSegment with a malformed reply: {e}",
+                )
+                return False
+            except (StrataError, OSError) as e:  # Timeout, Unavailable: retried
+                self._retrying(s, e, outage=True)
+                return False
+            except Exception as e:  # noqa: BLE001 - a bug: retried, never raised into SGLang
+                logger.debug("strata: registering %r failed", s.name, exc_info=True)
+                self._retrying(s, e, outage=False)
+                return False
+            if not r.segment_id:
+                self._refused(
+                    s,
+                    conn,
+                    "the node service answered segment id 0, which names no segment (a fault in strata serve: "
+                    "upgrade or restart it)",
+                )
+                return False
             with self._lock:
                 s.seg_id, s.conn, s.refused = r.segment_id, conn, ""
-        except Refused as e:
-            with self._lock:
-                s.seg_id, s.refused = 0, str(e)
-                warn = not s.warned
-                s.warned = True
-            if warn:
-                logger.warning(
-                    "strata: the node service refused host memory segment %r (%d bytes): %s; that pool runs without L3",
-                    s.name,
-                    s.size,
-                    e,
-                )
+                retried, s.failing = s.failing, ""
+        if retried:
+            logger.warning(
+                "strata: host memory segment %r is registered with the node service now (it failed before: %s); "
+                "its pool has L3 again",
+                s.name,
+                retried,
+            )
+        return True
+
+    def _retrying(self, s: Segment, e: BaseException, outage: bool):
+        with self._lock:
+            first = not s.failing
+            s.failing = str(e) or type(e).__name__
+        # A timeout or a lost connection is also the outage's one warning.
+        if first and (self._begin_outage() if outage else True):
+            logger.warning(
+                "strata: registering host memory segment %r (%d bytes) with the node service at %s failed (%s); "
+                "retrying in the background: that pool has no L3 until it succeeds",
+                s.name,
+                s.size,
+                self.socket_path,
+                s.failing,
+            )
+
+    def _refused(self, s: Segment, conn: Connection, why: str):
+        with self._lock:
+            s.seg_id, s.conn, s.refused, s.failing = 0, conn, why, ""
+            warn = not s.warned
+            s.warned = True
+        if warn:
+            logger.warning(
+                "strata: the node service refused host memory segment %r (%d bytes): %s. This is final: that pool "
+                "runs without L3 until strata serve restarts",
+                s.name,
+                s.size,
+                why,
+            )
 
     def wait_connected(self, timeout: float) -> bool:
         """Wait until connected with every segment registered; False on timeout."""
@@ -347,42 +681,77 @@ class Client:
 
     # -- segments
 
-    def add_segment(self, fd: int, name: str) -> Segment:
+    def add_segment(self, fd: int, name: str, wait: bool = True) -> Segment:
         """Register the memfd fd (deduplicated by inode); returns its Segment.
 
-        The memfd's size is its fstat size. When connected the registration is
-        done now; otherwise at the next connection.
+        The memfd's size is its fstat size. With wait, the registration is done
+        before this returns (ensure_registered); otherwise in the background.
         """
         st = os.fstat(fd)
         key = (st.st_dev, st.st_ino)
         with self._lock:
             s = self._segments.get(key)
-            if s is not None:
-                return s
-            dup = os.dup(fd)  # os.dup is close-on-exec
-            s = Segment(name=name, fd=dup, size=st.st_size)
-            self._segments[key] = s
-            conn = self._conn
-        if conn is not None:
-            self._register_one(conn, s)
+            if s is None:
+                dup = os.dup(fd)  # os.dup is close-on-exec
+                s = Segment(name=name, fd=dup, size=st.st_size)
+                self._segments[key] = s
+        if wait:
+            self.ensure_registered([s], self.timeout)
         return s
 
+    def ensure_registered(self, segs: List[Segment], timeout: float) -> bool:
+        """Register segs on the live connection, within timeout seconds; never raises.
+
+        A connection attempt in progress (a service still starting holds its
+        Hello in the backlog) is waited for, unless an outage is known: then
+        the segments are registered when the service is back. True when every
+        one is registered now.
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while (
+                (self._conn is None or self._conn.closed)
+                and self._started > self._settled
+                and not self._outage
+                and not self._closed
+            ):
+                left = _left(deadline)
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            conn = self._conn
+        if conn is None or conn.closed:
+            return False
+        ok = True
+        for s in segs:
+            left = _left(deadline)
+            if left <= 0:
+                ok = ok and s.on(conn)  # the rest in the background (_watch)
+                continue
+            ok = self._ensure(conn, s, left) and ok
+        return ok
+
     def remove_segment(self, s: Segment):
-        """Unregister s and close its descriptor."""
-        with self._lock:
-            for k, v in list(self._segments.items()):
-                if v is s:
-                    del self._segments[k]
-            conn, seg_id = self._conn, s.seg_id
-            s.seg_id = 0
-        if conn is not None and seg_id:
+        """Unregister s and close its descriptor; never raises."""
+        with s.lock:  # after a registration of s in flight
+            with self._lock:
+                if s.removed:
+                    return
+                s.removed = True
+                for k, v in list(self._segments.items()):
+                    if v is s:
+                        del self._segments[k]
+                conn, seg_id = s.conn, s.seg_id
+                s.seg_id, s.conn = 0, None
+            if conn is not None and seg_id and not conn.closed:
+                try:
+                    conn.call(wire.UnregisterSegment(seg_id), self.timeout)
+                except (StrataError, wire.Malformed):
+                    pass  # the connection's end releases it in the service
             try:
-                conn.call(wire.UnregisterSegment(seg_id), self.timeout)
-            except StrataError:
+                os.close(s.fd)
+            except OSError:
                 pass
-            except wire.Malformed:
-                pass
-        os.close(s.fd)
 
     def snapshot(self):
         """The live connection, or Unavailable at once when there is none."""
@@ -397,8 +766,8 @@ class Client:
     def resolve(self, segs):
         """The live connection and each segment's id on it, taken together.
 
-        Raises Unavailable when not connected, StrataError when a
-        segment is not registered (refused, or registering).
+        Raises Unavailable when not connected, NotRegistered when a segment is
+        being registered, SegmentRefused when one was refused.
         """
         with self._lock:
             conn = self._conn
@@ -408,10 +777,10 @@ class Client:
                 )
             ids = []
             for s in segs:
-                if s.conn is not conn or not s.seg_id:
-                    if s.refused:
-                        raise StrataError(f"segment {s.name!r} was refused: {s.refused}")
-                    raise Unavailable(f"segment {s.name!r} is not registered yet")
+                if not s.on(conn):
+                    if s.refused and s.conn is conn:
+                        raise SegmentRefused(f"segment {s.name!r} was refused: {s.refused}")
+                    raise NotRegistered(f"segment {s.name!r} is not registered yet")
                 ids.append(s.seg_id)
         return conn, ids
 
@@ -421,7 +790,7 @@ class Client:
         return conn.call(msg, self.timeout if timeout is None else timeout, body=body)
 
     def close(self):
-        with self._lock:
+        with self._cond:
             if self._closed:
                 return
             self._closed = True
@@ -429,12 +798,16 @@ class Client:
             self._conn = None
             segs = list(self._segments.values())
             self._segments.clear()
+            self._cond.notify_all()
         self._stop.set()
+        self._wake.set()
         if conn is not None:
             conn.close()
         self._thread.join(timeout=5)
         for s in segs:
-            try:
-                os.close(s.fd)
-            except OSError:
-                pass
+            with s.lock:
+                s.removed = True
+                try:
+                    os.close(s.fd)
+                except OSError:
+                    pass

@@ -40,7 +40,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from . import batch, wire
-from .client import Client, Unavailable
+from .client import Client, SegmentRefused, Timeout, Unavailable
 
 logger = logging.getLogger("strata_sglang")
 
@@ -135,6 +135,7 @@ class _Pool:
         self.bases = self.ends = None  # the segments' [base, end), int64 tensors
         self.model = None  # batch.PageModel, made at the first batch
         self.page_size = int(getattr(host, "page_size", 0) or 0)
+        self.tokens = int(getattr(host, "size", 0) or 0)  # slots: host indices are below it
         layout = getattr(host, "layout", None)
         self.mla = hasattr(host, "kv_cache_dim") and not hasattr(host, "head_dim")
         dtype = str(getattr(host, "dtype", ""))
@@ -165,7 +166,9 @@ class _Pool:
         self.prefix = prefix
         self.prefix_b = prefix.encode("utf-8")
         self.suffixes_b = [x.encode() for x in self.suffixes]
-        # MLA KV is the same on every TP rank: rank 0 writes it, every rank reads it.
+        # MLA KV is the same on every TP rank: rank 0 writes it, every rank reads it
+        # (SGLang's controllers back up MLA from rank 0 only). A write called on
+        # another rank stores nothing and answers False: what is true of it.
         self.writes = not (self.mla and owner.tp_rank != 0)
         if not ok or not hasattr(host, "get_page_buffer_meta") or self.page_size <= 0:
             self.disabled = (
@@ -188,7 +191,7 @@ class _Pool:
             )
             return
         for fd, mm in zip(fds, mms):
-            seg = owner.client.add_segment(fd, f"{owner.prefix}{name}")
+            seg = owner.client.add_segment(fd, f"{owner.prefix}{name}", wait=False)
             self.segs.append((_mmap_base(mm), len(mm), seg))
         self.segs.sort(key=lambda s: s[0])
         self.bases = torch.tensor([s[0] for s in self.segs], dtype=torch.int64)
@@ -235,6 +238,13 @@ class StrataStorage(HiCacheStorage):
     ``reconnect_min_s`` / ``reconnect_max_s`` (backoff, 0.05 to 2),
     ``staging_bytes`` (copy-path buffer, 64 MiB), ``model`` (when SGLang passes
     no model name).
+
+    Registering a pool returns once its memory is registered with the service,
+    or after timeout_s (a stalled service; the registration then goes on in the
+    background). A pool registered again under its name releases the memory of
+    the pool it replaces. With MLA, TP rank 0 writes the objects every rank
+    reads: a write on another rank stores nothing and answers False (SGLang
+    backs up MLA from rank 0 only and never calls it).
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
@@ -256,6 +266,7 @@ class StrataStorage(HiCacheStorage):
         self._stage_lock = threading.Lock()
         self._stage = None  # (mmap, tensor, Segment)
         self._warned = set()
+        self._item_log = {}  # (store|read, status) -> (last logged, failures not logged since)
         self._stats = {
             "exists_calls": 0,
             "get_pages": 0,
@@ -291,8 +302,11 @@ class StrataStorage(HiCacheStorage):
     def _failed(self, op: str, e: BaseException):
         with self._lock:
             self._stats["failures"] += 1
-        if isinstance(e, Unavailable):
-            return  # the client warned once when the service went away
+        if isinstance(e, (Unavailable, SegmentRefused)):
+            return  # the client warned once: the service went away, or a segment's registration failed
+        if isinstance(e, Timeout):
+            self.client.note_failure(e)  # one warning per outage, whatever fails in it
+            return
         self._warn_once(
             f"{op}:{type(e).__name__}",
             "strata: %s failed (%s: %s); L3 answers misses/failures for it. Further failures of this kind "
@@ -303,17 +317,56 @@ class StrataStorage(HiCacheStorage):
         )
         logger.debug("strata: %s failed", op, exc_info=True)
 
+    def _item_failed(self, op: int, res):
+        """A page part the service did not store or read, for another reason than
+        a miss: logged with the service's reason, once a minute per kind."""
+        kind = ("store" if op == wire.PUT else "read", res.status)
+        now = time.monotonic()
+        with self._lock:
+            last, quiet = self._item_log.get(kind, (None, 0))
+            if last is not None and now - last < 60:
+                self._item_log[kind] = (last, quiet + 1)
+                return
+            self._item_log[kind] = (now, 0)
+        name = (
+            wire.STATUS_NAMES[res.status] if 0 <= res.status <= wire.MAX_STATUS else str(res.status)
+        )
+        logger.warning(
+            "strata: the node service did not %s a page: %s: %s; that page %s. Failures of this kind are "
+            "logged at most once a minute%s",
+            kind[0],
+            name,
+            res.message or "(no reason given)",
+            "is not in L3" if op == wire.PUT else "is a miss",
+            f" ({quiet} more since the last line)" if quiet else "",
+        )
+
     def _register(self, host, name) -> Optional[_Pool]:
+        """Register host as pool name, releasing the segments of a pool it replaces,
+        and wait (within the timeout) until its segments are registered."""
         name = str(name.value if isinstance(name, PoolName) else name)
         with self._lock:
             p = self._pools.get(name)
-            if p is not None and p.host is host:
-                return p
-        p = _Pool(name, host, self)
-        if p.disabled:
-            self._warn_once("pool:" + name, "strata: %s; this pool runs without L3", p.disabled)
-        with self._lock:
-            self._pools[name] = p
+            if p is not None and p.host is not host:
+                p = None
+        if p is None:
+            p = _Pool(name, host, self)
+            if p.disabled:
+                self._warn_once("pool:" + name, "strata: %s; this pool runs without L3", p.disabled)
+            with self._lock:
+                old = self._pools.get(name)
+                self._pools[name] = p
+                live = {id(s) for q in self._pools.values() for _, _, s in q.segs}
+            if old is not None and old is not p:
+                # SGLang replaced the pool: its memfds are SGLang's no more.
+                # Unregistering them and closing our duplicates releases them
+                # (a pool re-registered 80 times kept 80 segments and their memory).
+                gone = {id(s): s for _, _, s in old.segs if id(s) not in live}
+                for s in gone.values():
+                    self.client.remove_segment(s)
+        segs = [s for _, _, s in p.segs]
+        if segs:
+            self.client.ensure_registered(segs, self.timeout)
         return p
 
     def _pool(self, name) -> Optional[_Pool]:
@@ -381,7 +434,29 @@ class StrataStorage(HiCacheStorage):
                 pool.page_size,
             )
             return None
-        got = pool.pointers(host_indices, n)
+        # A page with an index outside the pool is refused before anything
+        # else: SGLang's get_page_buffer_meta answers pointers inside the pool
+        # for some of them (a token past the end gives page 0's V), which would
+        # read into, or store from, another page.
+        ps, tokens = pool.page_size, pool.tokens
+        flat = host_indices.reshape(-1)
+        lo, top = torch.aminmax(flat)  # 7 us for 128 pages of 64; the mask below is 50
+        chosen = None  # the pages (into keys) planned, when not all of them
+        if int(lo) < 0 or int(top) >= tokens or int(flat[::ps].max()) + ps > tokens:
+            idx = flat.view(n, ps)
+            inside = ((idx >= 0) & (idx < tokens)).all(1) & (idx[:, 0] + ps <= tokens)
+            self._warn_once(
+                "outside:" + pool.name,
+                "strata: pool %s was given host indices outside its %d slots; those pages fail",
+                pool.name,
+                tokens,
+            )
+            chosen = inside.nonzero().flatten()
+            if chosen.numel() == 0:
+                return None
+            host_indices = idx[chosen].reshape(-1)
+        m = n if chosen is None else int(chosen.numel())
+        got = pool.pointers(host_indices, m)
         if got is None:
             return None
         plan = batch.plan_pages(got[0], got[1], pool.parts, pool.bases, pool.ends)
@@ -396,15 +471,14 @@ class StrataStorage(HiCacheStorage):
                 pool.name,
                 wire.MAX_RANGES,
             )
-        valid = _keys_ok(keys)
-        if valid < n:  # a bad key: that page is skipped, not the batch
-            ok = torch.tensor([_key_ok(k) for k in keys], dtype=torch.bool)
-            good = good & ok
+        planned = keys if chosen is None else [keys[p] for p in chosen.tolist()]
+        if _keys_ok(planned) < m:  # a bad key: that page is skipped, not the batch
+            good = good & torch.tensor([_key_ok(k) for k in planned], dtype=torch.bool)
         if bool(good.all()):
-            pages = list(range(n))
+            pages = list(range(n)) if chosen is None else chosen.tolist()
         else:
             rows = good.nonzero().flatten()
-            pages = rows.tolist()
+            pages = (rows if chosen is None else chosen[rows]).tolist()
             seg, off, length, keep = seg[rows], off[rows], length[rows], keep[rows]
         if not pages:
             return None
@@ -422,8 +496,7 @@ class StrataStorage(HiCacheStorage):
             if pool is None or pool.disabled or not keys:
                 continue
             if op == wire.PUT and not pool.writes:
-                out[j] = [True] * len(keys)  # MLA: rank 0 writes the objects every rank reads
-                continue
+                continue  # MLA: rank 0 writes the objects every rank reads; this rank stores nothing
             plan = self._plan(op, j, pool, keys, host_indices)
             if plan is not None:
                 plans.append(plan)
@@ -462,6 +535,8 @@ class StrataStorage(HiCacheStorage):
                 if res.status != wire.OK:
                     j, p = owner[k]
                     out[j][p] = False
+                    if op == wire.PUT or res.status != wire.NOT_FOUND:
+                        self._item_failed(op, res)
                 else:
                     moved += lengths[k]
         with self._lock:
@@ -624,7 +699,6 @@ class StrataStorage(HiCacheStorage):
         self._stage = (mm, torch.frombuffer(mm, dtype=torch.uint8), seg)
         if old is not None:
             self.client.remove_segment(old[2])
-        self.client.wait_connected(0)
         return self._stage
 
     def _copy_batch(
@@ -671,6 +745,8 @@ class StrataStorage(HiCacheStorage):
                     raise wire.Malformed(f"{len(r.results)} results for {len(items)} items")
                 for ((idx, _, b), o), res in zip(batch, r.results):
                     if res.status != wire.OK:
+                        if op == wire.PUT or res.status != wire.NOT_FOUND:
+                            self._item_failed(op, res)
                         continue
                     if op == wire.GET:
                         t = tensors[idx]
@@ -804,7 +880,13 @@ class StrataStorage(HiCacheStorage):
                 out[name] = p.disabled
                 continue
             refused = [s.refused for _, _, s in p.segs if s.refused]
-            out[name] = ("refused: " + refused[0]) if refused else "enabled"
+            failing = [s.failing for _, _, s in p.segs if s.failing and not s.refused]
+            if refused:
+                out[name] = "refused: " + refused[0]
+            elif failing:
+                out[name] = "retrying its registration: " + failing[0]
+            else:
+                out[name] = "enabled"
         return out
 
     def close(self):

@@ -77,10 +77,11 @@ def strata_bin(tmp_path_factory):
 class Serve:
     """A strata serve process on a socket of its own; restartable."""
 
-    def __init__(self, binary: str, socket_path: str, arena: str = "512MiB"):
+    def __init__(self, binary: str, socket_path: str, arena: str = "512MiB", args=()):
         self.binary = binary
         self.socket = socket_path
         self.arena = arena
+        self.args = list(args)
         self.proc = None
         self.log = socket_path + ".log"
 
@@ -98,6 +99,7 @@ class Serve:
                 "",
                 "--log-level",
                 "warn",
+                *self.args,
             ],
             stdout=logf,
             stderr=logf,
@@ -125,6 +127,34 @@ class Serve:
                 s.close()
         raise RuntimeError("strata serve did not listen within %gs: %s" % (timeout, self.logs()))
 
+    def pause(self, timeout: float = 10.0):
+        """Stall the service (SIGSTOP): its socket stays open and nothing answers.
+
+        Returns once every thread of it is stopped (a signal takes effect
+        asynchronously: a thread on another core may still answer a request).
+        """
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while not self._stopped():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"strata serve did not stop within {timeout:g} s of SIGSTOP")
+            time.sleep(0.001)
+
+    def _stopped(self) -> bool:
+        tasks = f"/proc/{self.proc.pid}/task"
+        for t in os.listdir(tasks):
+            try:
+                with open(f"{tasks}/{t}/stat") as f:
+                    state = f.read().rpartition(")")[2].split()[0]
+            except OSError:
+                continue  # the thread ended
+            if state not in ("T", "t"):
+                return False
+        return True
+
+    def resume(self):
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
     def kill(self):
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -133,6 +163,7 @@ class Serve:
 
     def stop(self):
         if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)  # a paused service never sees SIGTERM
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=10)

@@ -139,3 +139,25 @@ def test_batch_reply_fast_path_agrees_with_the_generic_decoder():
                 wire.decode(wire.BATCH_REPLY, body)
             continue
         assert wire.decode(wire.BATCH_REPLY, body) == want, body
+
+
+def test_the_limits_are_node_wires():
+    """The plugin refuses what the service refuses: the same limits (node/wire/messages.go)."""
+    import re
+
+    with open(os.path.join(GOLDEN, "..", "..", "messages.go")) as f:
+        src = f.read()
+
+    def go(name):
+        m = re.search(r"^\s*" + name + r"\s*=\s*([0-9<\s]+)$", src, re.M)
+        assert m, f"{name} is not in node/wire/messages.go"
+        base, _, shift = m.group(1).partition("<<")  # 4096, or 16 << 20
+        return int(base) << int(shift or 0)
+
+    assert wire.MAX_BODY == go("MaxBody")
+    assert wire.MAX_ITEMS == go("MaxItems")
+    assert wire.MAX_RANGES == go("MaxRanges")
+    assert wire.MAX_KEY == go("MaxKey")
+    assert wire.MAX_NAME == go("MaxName")
+    assert wire.MAX_MESSAGE == go("MaxMessage")
+    assert wire.HEADER_SIZE == go("HeaderSize") and wire.VERSION == go("Version")
