@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -39,6 +40,16 @@ func open(t testing.TB, cfg Config) *Store {
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
+}
+
+// skipOutsideCI skips t with why, outside CI; in CI (CI=true) the test must
+// run, and fails instead.
+func skipOutsideCI(t testing.TB, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s (CI runs this test: fix the environment)", why)
+	}
+	t.Skip(why)
 }
 
 // data is n bytes that depend on seed.
