@@ -28,7 +28,8 @@ func newCollector(s *Server) *collector {
 	d("arena_evictions_total", "Objects evicted from the arena, by where they went.", "to")
 	d("spill_bytes", "Bytes in the spill directory.")
 	// The spill's segment files, exported only by a service that has a spill.
-	d("spill_capacity_bytes", "The spill's bound (--spill-capacity).")
+	d("spill_capacity_bytes", "The spill's bound in force: the smaller of --spill-capacity and the device's free space plus what the spill's files take.")
+	d("spill_configured_capacity_bytes", "The spill's configured bound (--spill-capacity).")
 	d("spill_objects", "Objects in the spill.")
 	d("spill_live_bytes", "Bytes of the objects in the spill (the rest of spill_bytes is removed objects, headers and padding, reclaimed with their segment).")
 	d("spill_segments", "Segment files in the spill.")
@@ -98,6 +99,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	g("spill_bytes", float64(spill))
 	if sp := st.Spill; sp != nil {
 		g("spill_capacity_bytes", float64(sp.CapacityBytes))
+		g("spill_configured_capacity_bytes", float64(sp.ConfiguredCapacityBytes))
 		g("spill_objects", float64(sp.Objects))
 		g("spill_live_bytes", float64(sp.LiveBytes))
 		g("spill_segments", float64(sp.Files))

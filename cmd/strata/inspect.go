@@ -89,8 +89,12 @@ func writeInspect(w io.Writer, st node.Stats) error {
 		fb(a.UsedBytes), fb(a.SizeBytes), 100*float64(a.UsedBytes)/float64(max(a.SizeBytes, 1)), a.Objects, fb(a.HeldBytes), a.Slabs, fb(a.IndexBytes),
 		a.LeasedObjects, a.Fragmentation, a.Evictions, a.Spilled, a.Dropped)
 	if s := st.Spill; s != nil {
+		capacity := fb(s.CapacityBytes)
+		if s.ConfiguredCapacityBytes > s.CapacityBytes {
+			capacity += fmt.Sprintf(" (the device's room; --spill-capacity %s)", fb(s.ConfiguredCapacityBytes))
+		}
 		fmt.Fprintf(w, "spill   %s of %s, %d objects in %d segment files, %d corrupt removed, %d failed writes (evicted objects dropped)%s\n",
-			fb(s.Bytes), fb(s.CapacityBytes), s.Objects, s.Files, s.CorruptRemoved, st.Ops.SpillErrors, formatFaults(s.Faults))
+			fb(s.Bytes), capacity, s.Objects, s.Files, s.CorruptRemoved, st.Ops.SpillErrors, formatFaults(s.Faults))
 	} else {
 		fmt.Fprintln(w, "spill   none (evicted objects are dropped)")
 	}

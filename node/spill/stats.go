@@ -17,11 +17,15 @@ type Stats struct {
 	Files     int64 `json:"files"`
 	Objects   int64 `json:"objects"`
 	LiveBytes int64 `json:"liveBytes"`
-	// CapacityBytes is the configured bound on Bytes, SegmentBytes the size a
-	// segment grows to, BufferedBytes the bytes staged and not yet written.
-	CapacityBytes int64 `json:"capacityBytes"`
-	SegmentBytes  int64 `json:"segmentBytes"`
-	BufferedBytes int64 `json:"bufferedBytes"`
+	// CapacityBytes is the bound on Bytes in force: the smaller of the
+	// configured one (ConfiguredCapacityBytes, --spill-capacity) and the
+	// device's free space plus what the spill's files take. SegmentBytes is
+	// the size a segment grows to, BufferedBytes the bytes staged and not yet
+	// written.
+	CapacityBytes           int64 `json:"capacityBytes"`
+	ConfiguredCapacityBytes int64 `json:"configuredCapacityBytes"`
+	SegmentBytes            int64 `json:"segmentBytes"`
+	BufferedBytes           int64 `json:"bufferedBytes"`
 	// IndexBytes is the memory the index has mapped (outside the Go heap):
 	// about 60-70 bytes an object.
 	IndexBytes int64 `json:"indexBytes"`
@@ -86,19 +90,7 @@ type counters struct {
 // Stats returns the spill's state. It is safe to call at any time, also
 // after Close.
 func (s *Store) Stats() Stats {
-	s.mu.Lock()
-	st := Stats{
-		Bytes:         s.used,
-		Files:         int64(len(s.segs)),
-		Objects:       int64(s.idx.n),
-		IndexBytes:    s.idx.bytes(),
-		LiveBytes:     s.liveBytes,
-		CapacityBytes: s.cfg.CapacityBytes,
-		SegmentBytes:  s.segBytes,
-		BufferedBytes: s.unwritten,
-		DirectIO:      s.direct,
-	}
-	s.mu.Unlock()
+	st := s.snapshot()
 	c := &s.st
 	st.Reads, st.ReadBytes, st.BufferReads, st.Misses = c.reads.Load(), c.readBytes.Load(), c.bufferReads.Load(), c.misses.Load()
 	st.Writes, st.WriteBytes, st.DirectWrites, st.Flushes = c.writes.Load(), c.writeBytes.Load(), c.directWrites.Load(), c.flushes.Load()
@@ -108,4 +100,24 @@ func (s *Store) Stats() Stats {
 	st.HintsRead, st.HintsWritten = c.hintsRead.Load(), c.hintsWritten.Load()
 	st.Faults = c.faults.All()
 	return st
+}
+
+// snapshot is the part of Stats that s.mu guards. It looks at the device's
+// free space again, so that CapacityBytes is the bound in force now.
+func (s *Store) snapshot() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refreshLimitLocked()
+	return Stats{
+		Bytes:                   s.used,
+		Files:                   int64(len(s.segs)),
+		Objects:                 int64(s.idx.n),
+		IndexBytes:              s.idx.bytes(),
+		LiveBytes:               s.liveBytes,
+		CapacityBytes:           s.limitLocked(),
+		ConfiguredCapacityBytes: s.cfg.CapacityBytes,
+		SegmentBytes:            s.segBytes,
+		BufferedBytes:           s.unwritten,
+		DirectIO:                s.direct,
+	}
 }
