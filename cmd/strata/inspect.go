@@ -95,6 +95,9 @@ func writeInspect(w io.Writer, st node.Stats) error {
 		}
 		fmt.Fprintf(w, "spill   %s of %s, %d objects in %d segment files, %d corrupt removed, %d failed writes (evicted objects dropped)%s\n",
 			fb(s.Bytes), capacity, s.Objects, s.Files, s.CorruptRemoved, st.Ops.SpillErrors, formatFaults(s.Faults))
+		if s.RemovesNotDurable > 0 {
+			fmt.Fprintf(w, "        %d removes that may not survive a restart (their tombstones could not be written)\n", s.RemovesNotDurable)
+		}
 	} else {
 		fmt.Fprintln(w, "spill   none (evicted objects are dropped)")
 	}

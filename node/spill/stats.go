@@ -47,8 +47,10 @@ type Stats struct {
 	// FormatConflicts, those whose key it held in another format.
 	WritesSkipped   int64 `json:"writesSkipped"`
 	FormatConflicts int64 `json:"formatConflicts"`
-	// Removed counts objects removed.
-	Removed int64 `json:"removed"`
+	// Removed counts objects removed; RemovesNotDurable, those of them whose
+	// tombstone may not have been written (they may be back after a restart).
+	Removed           int64 `json:"removed"`
+	RemovesNotDurable int64 `json:"removesNotDurable"`
 	// CorruptRemoved counts records that failed a check on read and were
 	// dropped.
 	CorruptRemoved int64 `json:"corruptRemoved"`
@@ -84,6 +86,7 @@ type counters struct {
 	evictions, segmentsDropped, noSpaceRetries atomic.Int64
 	writeErrors, lost, recovered, tornTails    atomic.Int64
 	hintsRead, hintsWritten                    atomic.Int64
+	removesNotDurable                          atomic.Int64
 	faults                                     storage.FaultCounts
 }
 
@@ -98,6 +101,7 @@ func (s *Store) Stats() Stats {
 	st.Evictions, st.SegmentsDropped, st.NoSpaceRetries = c.evictions.Load(), c.segmentsDropped.Load(), c.noSpaceRetries.Load()
 	st.WriteErrors, st.LostObjects, st.Recovered, st.TornTails = c.writeErrors.Load(), c.lost.Load(), c.recovered.Load(), c.tornTails.Load()
 	st.HintsRead, st.HintsWritten = c.hintsRead.Load(), c.hintsWritten.Load()
+	st.RemovesNotDurable = c.removesNotDurable.Load()
 	st.Faults = c.faults.All()
 	return st
 }
@@ -111,7 +115,7 @@ func (s *Store) snapshot() Stats {
 	return Stats{
 		Bytes:                   s.used,
 		Files:                   int64(len(s.segs)),
-		Objects:                 int64(s.idx.n),
+		Objects:                 int64(s.idx.n - s.pendingPuts),
 		IndexBytes:              s.idx.bytes(),
 		LiveBytes:               s.liveBytes,
 		CapacityBytes:           s.limitLocked(),
