@@ -93,8 +93,8 @@ func writeInspect(w io.Writer, st node.Stats) error {
 		if s.ConfiguredCapacityBytes > s.CapacityBytes {
 			capacity += fmt.Sprintf(" (the device's room; --spill-capacity %s)", fb(s.ConfiguredCapacityBytes))
 		}
-		fmt.Fprintf(w, "spill   %s of %s, %d objects in %d segment files, %d corrupt removed, %d failed writes (evicted objects dropped)%s\n",
-			fb(s.Bytes), capacity, s.Objects, s.Files, s.CorruptRemoved, st.Ops.SpillErrors, formatFaults(s.Faults))
+		fmt.Fprintf(w, "spill   %s of %s, %d objects in %d segment files, %d corrupt removed (%d for good), %d failed writes (evicted objects dropped)%s\n",
+			fb(s.Bytes), capacity, s.Objects, s.Files, s.CorruptRemoved, s.CorruptDropped, st.Ops.SpillErrors, formatFaults(s.Faults))
 		if s.RemovesNotDurable > 0 {
 			fmt.Fprintf(w, "        %d removes that may not survive a restart (their tombstones could not be written)\n", s.RemovesNotDurable)
 		}

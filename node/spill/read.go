@@ -19,8 +19,9 @@ import (
 // the object's (ObjectSize tells it). A record on disk is checked before its
 // bytes are handed over: its header (the key in it included) and the data's
 // checksum. A missing object, or one of another format, is storage.ErrNotFound;
-// a record that fails a check is storage.ErrCorrupt and is forgotten. On
-// error runs hold undefined bytes.
+// a record that fails a check is storage.ErrCorrupt and is dropped, with a
+// tombstone so that it stays dropped after a restart. On error runs hold
+// undefined bytes.
 func (s *Store) GetObject(ctx context.Context, key string, format storage.Format, runs ...[]byte) error {
 	if err := ctx.Err(); err != nil {
 		return ctxError("get", err)
@@ -29,12 +30,12 @@ func (s *Store) GetObject(ctx context.Context, key string, format storage.Format
 		return err
 	}
 	defer s.end()
-	err := s.get(key, uint64(format), runs)
+	err := s.get(ctx, key, uint64(format), runs)
 	s.st.faults.Add(err)
 	return err
 }
 
-func (s *Store) get(key string, format uint64, runs [][]byte) error {
+func (s *Store) get(ctx context.Context, key string, format uint64, runs [][]byte) error {
 	h := hashKey(key)
 	size := runsLen(runs)
 	e, b, seg, err := s.hold(key, h, format, size)
@@ -61,9 +62,7 @@ func (s *Store) get(key string, format uint64, runs [][]byte) error {
 		return s.readRecord(seg, e, key, runs)
 	}()
 	if err != nil {
-		if s.forget(h, &e) {
-			s.st.corrupt.Add(1)
-		}
+		s.dropBad(ctx, key, h, e, err)
 		return err
 	}
 	s.st.reads.Add(1)
@@ -107,6 +106,38 @@ func (s *Store) unhold(b *stageBuf, seg *segment) {
 	}
 	if seg != nil {
 		s.releaseLocked(seg)
+	}
+}
+
+// dropBad forgets e, h's record, after a read of it failed with err, if h
+// still names it. A record that failed a check (storage.ErrCorrupt) is
+// dropped for good: a tombstone placed in the critical section that unindexes
+// it keeps it dropped after a restart (and no put of the key comes between).
+// After another error (the device's) it is forgotten until the next start.
+func (s *Store) dropBad(ctx context.Context, key string, h [16]byte, e entry, err error) {
+	if !errors.Is(err, storage.ErrCorrupt) {
+		if s.forget(h, &e) {
+			s.st.corrupt.Add(1)
+		}
+		return
+	}
+	defer s.wakeOnDone(ctx)()
+	placed, forgot, terr := s.stageTombstone(ctx, key, h, nil, func(cur entry, ok bool) tombAction {
+		if ok && cur == e {
+			return tombPlace
+		}
+		return tombSkip
+	}, true)
+	if terr != nil {
+		forgot = s.forget(h, &e)
+		s.log.Warn("spill: the tombstone of a corrupt record could not be written; it is dropped, but will be read (and dropped) again after a restart",
+			"key", key, "err", terr)
+	}
+	if forgot {
+		s.st.corrupt.Add(1)
+	}
+	if placed {
+		s.st.corruptDropped.Add(1)
 	}
 }
 

@@ -20,7 +20,8 @@
 // space) it drops its oldest segment whole, and the objects in it with it (the
 // hot ones are in the arena anyway). A remove forgets the object and appends a
 // tombstone, and returns once the tombstone is written, so that the object
-// stays removed after a restart; its bytes go with their segment. New
+// stays removed after a restart; a record that fails its checks on a read is
+// dropped with a tombstone too. Their bytes go with their segment. New
 // rebuilds the index by reading the record headers of every segment (or its
 // hint file), oldest first, a later record of a key overriding an earlier
 // one, stopping a segment at its first bad record (a write torn by a crash)
@@ -29,12 +30,12 @@
 //
 // What the index says and what New would rebuild from the files agree for
 // every key: the newest record of a key in file order (segment, offset) is its
-// live object, or a tombstone when it has none. Puts and removes each place
-// their record in the same critical section that checks and changes the key's
-// index entry, so that
-// file order is the order in which they change the index. A put is indexed
-// (pending, invisible to reads) when it places its record: a remove while it
-// copies its bytes in cancels it, with a tombstone after its record.
+// live object, or a tombstone when it has none. Puts, removes and drops of
+// corrupt records each place their record in the same critical section that
+// checks and changes the key's index entry, so that file order is the order
+// in which they change the index. A put is indexed (pending, invisible to
+// reads) when it places its record: a remove while it copies its bytes in
+// cancels it, with a tombstone after its record.
 package spill
 
 import (

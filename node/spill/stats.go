@@ -51,9 +51,11 @@ type Stats struct {
 	// tombstone may not have been written (they may be back after a restart).
 	Removed           int64 `json:"removed"`
 	RemovesNotDurable int64 `json:"removesNotDurable"`
-	// CorruptRemoved counts records that failed a check on read and were
-	// dropped.
+	// CorruptRemoved counts records that failed a check on read (or could not
+	// be read) and were dropped; CorruptDropped, those of them dropped for
+	// good with a tombstone (the rest are read again after a restart).
 	CorruptRemoved int64 `json:"corruptRemoved"`
+	CorruptDropped int64 `json:"corruptDropped"`
 	// Evictions counts objects dropped with their segment to stay under the
 	// capacity, SegmentsDropped the segments.
 	Evictions       int64 `json:"evictions"`
@@ -86,7 +88,7 @@ type counters struct {
 	evictions, segmentsDropped, noSpaceRetries atomic.Int64
 	writeErrors, lost, recovered, tornTails    atomic.Int64
 	hintsRead, hintsWritten                    atomic.Int64
-	removesNotDurable                          atomic.Int64
+	corruptDropped, removesNotDurable          atomic.Int64
 	faults                                     storage.FaultCounts
 }
 
@@ -101,7 +103,7 @@ func (s *Store) Stats() Stats {
 	st.Evictions, st.SegmentsDropped, st.NoSpaceRetries = c.evictions.Load(), c.segmentsDropped.Load(), c.noSpaceRetries.Load()
 	st.WriteErrors, st.LostObjects, st.Recovered, st.TornTails = c.writeErrors.Load(), c.lost.Load(), c.recovered.Load(), c.tornTails.Load()
 	st.HintsRead, st.HintsWritten = c.hintsRead.Load(), c.hintsWritten.Load()
-	st.RemovesNotDurable = c.removesNotDurable.Load()
+	st.CorruptDropped, st.RemovesNotDurable = c.corruptDropped.Load(), c.removesNotDurable.Load()
 	st.Faults = c.faults.All()
 	return st
 }
