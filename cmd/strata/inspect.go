@@ -95,6 +95,8 @@ func writeInspect(w io.Writer, st node.Stats) error {
 		}
 		fmt.Fprintf(w, "spill   %s of %s, %d objects in %d segment files, %d corrupt removed (%d for good), %d failed writes (evicted objects dropped)%s\n",
 			fb(s.Bytes), capacity, s.Objects, s.Files, s.CorruptRemoved, s.CorruptDropped, st.Ops.SpillErrors, formatFaults(s.Faults))
+		fmt.Fprintf(w, "        %s live, %s dead; %d compactions (%s compacted, %s of it copied)\n",
+			fb(s.LiveBytes), fb(s.DeadBytes), s.Compactions, fb(s.CompactedBytes), fb(s.CompactCopiedBytes))
 		if s.RemovesNotDurable > 0 {
 			fmt.Fprintf(w, "        %d removes that may not survive a restart (their tombstones could not be written)\n", s.RemovesNotDurable)
 		}

@@ -98,6 +98,7 @@ func (s *Store) crash() {
 		return
 	}
 	s.inflight.Wait()
+	s.stopCompaction()
 	s.halt()
 	s.writer.Wait()
 	s.closeSegments()
@@ -109,14 +110,23 @@ func (s *Store) crash() {
 	_ = unix.Close(s.lock)
 }
 
-// halt stops the writer where it is, as a crash would: it writes nothing
-// more. crash then releases the rest.
+// halt stops the writer and any compaction where they are, as a crash
+// would: the writer writes nothing more. It may be called from a test hook
+// (without s.mu); crash then releases the rest.
 func (s *Store) halt() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.compactCancel()
 	s.abandon = true
 	s.stopping = true
 	s.cond.Broadcast()
+}
+
+// compactAll compacts, in the caller's goroutine, every segment under below
+// until none is left (the spill's own compactor off: CompactBelow 0).
+func (s *Store) compactAll(below float64) {
+	for s.compactNext(below) {
+	}
 }
 
 // data is n bytes that depend on seed.

@@ -23,10 +23,11 @@ import (
 // same building blocks as node/arena's index.
 //
 // The records of a segment are linked in a list from the segment, so that
-// dropping it forgets its objects without a key list on the heap. A record
-// whose object is removed, or overridden by a later record at start-up, leaves
-// the table but stays on its segment's list, dead, until the segment goes:
-// like the record's bytes on disk.
+// dropping it forgets its objects without a key list on the heap, and so that
+// compaction finds a segment's live objects without reading it. A record whose
+// object is removed, or overridden by a later record (at start-up, or by
+// compaction's copy of it), leaves the table but stays on its segment's list,
+// dead, until the segment goes: like the record's bytes on disk.
 //
 // A put indexes its object as pending when it places the record, before it
 // copies the bytes, and commits it once they are copied: a pending object is
@@ -177,6 +178,22 @@ func (x *index) unlink(h [16]byte, i uint32) {
 	x.tab.Remove(i, hashBits(h))
 	x.rec(i).bits &^= recLive
 	x.n--
+}
+
+// live returns the live records of the list that starts at from (a segment's
+// head, or where an earlier call stopped), at most max of them, and where to
+// go on (0: the list's end).
+func (x *index) live(from uint32, max int, fn func(i uint32, h [16]byte, e entry)) (next uint32) {
+	for i := from; i != 0; i = x.rec(i).next {
+		if max == 0 {
+			return i
+		}
+		if r := x.rec(i); r.bits&recLive != 0 {
+			fn(i, r.hash, r.entry())
+			max--
+		}
+	}
+	return 0
 }
 
 // dropSegment forgets the records of the list that starts at head, live or

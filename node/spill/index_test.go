@@ -27,10 +27,11 @@ func testHash(i int, clustered bool) [16]byte {
 }
 
 // TestIndexModel checks the index against a map under adds (new keys and
-// replacements, pending ones committed or aborted later), removes and segment
-// drops, across table growth and with hashes that share the table's bits:
-// every indexed hash finds its own entry, others find nothing, and a drop
-// forgets exactly the segment's live objects.
+// replacements, pending ones committed or aborted later), removes, listings
+// of a segment's live records and segment drops, across table growth and
+// with hashes that share the table's bits: every indexed hash finds its own
+// entry, others find nothing, a listing and a drop find exactly the segment's
+// live objects.
 func TestIndexModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		x, err := newIndex()
@@ -125,6 +126,32 @@ func TestIndexModel(t *testing.T) {
 				}
 				delete(model, h)
 				delete(pending, h)
+			},
+			"live": func(t *rapid.T) {
+				seg := rapid.IntRange(0, segs-1).Draw(t, "seg")
+				batch := rapid.IntRange(1, 50).Draw(t, "batch")
+				got := map[[16]byte]entry{}
+				for from := heads[seg]; from != 0; {
+					n := 0
+					from = x.live(from, batch, func(_ uint32, h [16]byte, e entry) {
+						got[h] = e
+						n++
+					})
+					if n > batch {
+						t.Fatalf("a listing of %d gave %d", batch, n)
+					}
+				}
+				for h, e := range model {
+					if e.seg == uint32(seg) {
+						if g, ok := got[h]; !ok || g != e {
+							t.Fatalf("listing of segment %d: %x %v %+v, want %+v", seg, h, ok, g, e)
+						}
+						delete(got, h)
+					}
+				}
+				if len(got) != 0 {
+					t.Fatalf("listing of segment %d: %d records not in the model", seg, len(got))
+				}
 			},
 			"drop": func(t *rapid.T) {
 				seg := rapid.IntRange(0, segs-1).Draw(t, "seg")

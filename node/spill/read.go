@@ -122,7 +122,7 @@ func (s *Store) dropBad(ctx context.Context, key string, h [16]byte, e entry, er
 		return
 	}
 	defer s.wakeOnDone(ctx)()
-	placed, forgot, terr := s.stageTombstone(ctx, key, h, nil, func(cur entry, ok bool) tombAction {
+	placed, forgot, terr := s.stageTombstone(ctx, key, h, 0, nil, func(cur entry, ok bool) tombAction {
 		if ok && cur == e {
 			return tombPlace
 		}

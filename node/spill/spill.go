@@ -21,21 +21,24 @@
 // hot ones are in the arena anyway). A remove forgets the object and appends a
 // tombstone, and returns once the tombstone is written, so that the object
 // stays removed after a restart; a record that fails its checks on a read is
-// dropped with a tombstone too. Their bytes go with their segment. New
-// rebuilds the index by reading the record headers of every segment (or its
-// hint file), oldest first, a later record of a key overriding an earlier
-// one, stopping a segment at its first bad record (a write torn by a crash)
-// and cutting it there; the data of the newest segment, the one a crash
-// tears, is verified as well, and every read verifies the rest.
+// dropped with a tombstone too. A segment whose live objects fall below
+// Config.CompactBelow of it is compacted (compact.go): its live objects, and
+// the tombstones that still shadow older records, are copied to the end of the
+// spill and its file is deleted, at a bounded rate. New rebuilds the index by
+// reading the record headers of every segment (or its hint file), oldest
+// first, a later record of a key overriding an earlier one, stopping a segment
+// at its first bad record (a write torn by a crash) and cutting it there; the
+// data of the newest segment, the one a crash tears, is verified as well, and
+// every read verifies the rest.
 //
 // What the index says and what New would rebuild from the files agree for
 // every key: the newest record of a key in file order (segment, offset) is its
-// live object, or a tombstone when it has none. Puts, removes and drops of
-// corrupt records each place their record in the same critical section that
-// checks and changes the key's index entry, so that file order is the order
-// in which they change the index. A put is indexed (pending, invisible to
-// reads) when it places its record: a remove while it copies its bytes in
-// cancels it, with a tombstone after its record.
+// live object, or a tombstone when it has none. Puts, removes, drops of
+// corrupt records and compaction's copies each place their record in the same
+// critical section that checks and changes the key's index entry, so that
+// file order is the order in which they change the index. A put is indexed
+// (pending, invisible to reads) when it places its record: a remove while it
+// copies its bytes in cancels it, with a tombstone after its record.
 package spill
 
 import (
@@ -81,6 +84,12 @@ type Store struct {
 	// writes nothing more, since what the call held may never be released.
 	poisoned atomic.Bool
 
+	compactKick   chan struct{}      // a segment may have fallen below CompactBelow
+	compactCtx    context.Context    // ends when Close stops compaction
+	compactCancel context.CancelFunc // ends compactCtx
+	compactor     sync.WaitGroup     // the compactor goroutine
+	pacer         pacer              // compaction's bytes per second; used by the one compaction in flight
+
 	writer   sync.WaitGroup // the writer goroutine
 	inflight sync.WaitGroup // calls in flight
 	mapped   []byte         // both write buffers, one mapping
@@ -102,12 +111,19 @@ type Store struct {
 	queue    []*stageBuf // sealed buffers for the writer, in file order
 	hintSegs []*segment  // finished segments whose hint file the writer writes
 
-	used        int64 // bytes of every live segment, reserved ones included
-	unwritten   int64 // of those, bytes not yet written
-	liveBytes   int64 // data bytes of the indexed objects
-	devLimit    int64 // bytes on the device at the last statfs plus its free space
-	statfsUsed  int64 // used at the last statfs
-	pendingPuts int   // objects indexed pending
+	used       int64 // bytes of every live segment, reserved ones included
+	unwritten  int64 // of those, bytes not yet written
+	liveBytes  int64 // data bytes of the indexed objects
+	liveRec    int64 // record bytes of the indexed objects, headers and padding included
+	devLimit   int64 // bytes on the device at the last statfs plus its free space
+	statfsUsed int64 // used at the last statfs
+	// bufWaiters counts puts and removes waiting for a write buffer, which
+	// compaction lets go first; commitWaiters, compaction waiting for a put
+	// to commit; pendingPuts, the objects indexed pending.
+	bufWaiters    int
+	commitWaiters int
+	pendingPuts   int
+	compacting    *segment // the segment being compacted, nil when none
 
 	st counters
 }
@@ -122,6 +138,14 @@ type entry struct {
 	// pending: placed by a put that is still copying its bytes; not yet
 	// visible to reads and removes.
 	pending bool
+}
+
+// recLen is the length of e's record: its header, data and padding.
+func recLen(e entry) int64 {
+	if e.hdrLen == block { // written straight from the caller's memory
+		return roundUp(block+e.size, block)
+	}
+	return roundUp(int64(e.hdrLen)+e.size, sector)
 }
 
 // segment is one segment file.
@@ -143,6 +167,15 @@ type segment struct {
 	dropped bool
 	// broken: a write to it failed, and nothing more is appended to it.
 	broken bool
+	// liveRec is the record bytes of its indexed objects; tombs and tombBytes
+	// count its tombstones. Compaction looks at them.
+	liveRec   int64
+	tombs     int
+	tombBytes int64
+	// compacting: the compactor is copying it. noCompact: a record in it
+	// could not be read, and it goes only with age; compactFailed: its last
+	// compaction stopped short, and it waits for more of it to die.
+	compacting, noCompact, compactFailed bool
 	// hints are its records in index order, for its hint file, until that is
 	// written; hinted says it was queued for that (or needs none).
 	hints  []hint
@@ -229,6 +262,14 @@ func New(cfg Config) (*Store, error) {
 	s.dropOverLocked()
 	s.writer.Add(1)
 	go s.write()
+	s.compactCtx, s.compactCancel = context.WithCancel(context.Background())
+	s.pacer.rate = cfg.CompactBytesPerSec
+	if cfg.CompactBelow > 0 {
+		s.compactKick = make(chan struct{}, 1)
+		s.compactor.Add(1)
+		go s.compactLoop()
+		s.compactKick <- struct{}{} // the segments found at start-up
+	}
 	return s, nil
 }
 
@@ -244,6 +285,7 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.inflight.Wait()
+	s.stopCompaction()
 	lost := s.stopWriter(s.poisoned.Load())
 	s.writer.Wait()
 	s.closeSegments()
@@ -285,6 +327,16 @@ func (s *Store) stopWriter(abandon bool) int64 {
 	s.stopping = true
 	s.cond.Broadcast()
 	return s.unwritten
+}
+
+// stopCompaction ends the compaction in flight, if any, at its next step,
+// and the compactor goroutine.
+func (s *Store) stopCompaction() {
+	s.mu.Lock()
+	s.compactCancel()
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	s.compactor.Wait()
 }
 
 func (s *Store) closeIndex() {
@@ -520,7 +572,7 @@ func (s *Store) RemoveObjects(ctx context.Context, keys []string) ([]bool, error
 	}
 	for i, k := range keys {
 		h := hashKey(k)
-		_, forgot, err := s.stageTombstone(ctx, k, h, w, decide, true)
+		_, forgot, err := s.stageTombstone(ctx, k, h, 0, w, decide, true)
 		if err != nil {
 			// Forgotten all the same: only a restart could bring it back.
 			forgot = s.forget(h, nil)
@@ -578,7 +630,7 @@ func (s *Store) forgetLocked(h [16]byte, e entry) bool {
 func (s *Store) unindexLocked(h [16]byte) bool {
 	e, ok := s.idx.remove(h)
 	if ok {
-		s.liveBytes -= e.size
+		s.deadLocked(e)
 	}
 	return ok
 }
@@ -587,12 +639,33 @@ func (s *Store) unindexLocked(h [16]byte) bool {
 func (s *Store) indexLocked(seg *segment, h [16]byte, e entry) error {
 	_, old, replaced, err := s.idx.add(&seg.head, h, e)
 	if replaced {
-		s.liveBytes -= old.size
+		s.deadLocked(old)
 	}
 	if err == nil {
-		s.liveBytes += e.size
+		s.liveLocked(seg, e)
 	}
 	return err
+}
+
+// liveLocked counts e, a record in seg, as a live object.
+func (s *Store) liveLocked(seg *segment, e entry) {
+	n := recLen(e)
+	seg.liveRec += n
+	s.liveRec += n
+	s.liveBytes += e.size
+}
+
+// deadLocked counts e as dead, and wakes the compactor when e's segment fell
+// below CompactBelow.
+func (s *Store) deadLocked(e entry) {
+	n := recLen(e)
+	s.liveRec -= n
+	s.liveBytes -= e.size
+	if seg := s.byID[e.seg]; seg != nil {
+		seg.liveRec -= n
+		seg.compactFailed = false
+		s.kickLocked(seg)
+	}
 }
 
 // ctxError is the error of a call whose context ended.

@@ -11,12 +11,14 @@ import (
 type Stats struct {
 	// Bytes is what the segment files take, records being written included;
 	// Files is how many there are, Objects the objects they hold and
-	// LiveBytes those objects' bytes (the rest is removed objects, overwritten
-	// records, headers and padding, reclaimed when their segment goes).
+	// LiveBytes those objects' bytes. DeadBytes is the part of Bytes that
+	// holds no live object (removed, dropped and moved objects, tombstones,
+	// padding): compaction reclaims it, or it goes with its segment.
 	Bytes     int64 `json:"bytes"`
 	Files     int64 `json:"files"`
 	Objects   int64 `json:"objects"`
 	LiveBytes int64 `json:"liveBytes"`
+	DeadBytes int64 `json:"deadBytes"`
 	// CapacityBytes is the bound on Bytes in force: the smaller of the
 	// configured one (ConfiguredCapacityBytes, --spill-capacity) and the
 	// device's free space plus what the spill's files take. SegmentBytes is
@@ -56,6 +58,13 @@ type Stats struct {
 	// good with a tombstone (the rest are read again after a restart).
 	CorruptRemoved int64 `json:"corruptRemoved"`
 	CorruptDropped int64 `json:"corruptDropped"`
+	// Compactions counts segments compacted (their live records copied to the
+	// end of the spill, their file deleted), CompactedBytes those segments'
+	// bytes and CompactCopiedBytes the bytes copied: CompactedBytes minus
+	// CompactCopiedBytes is the space compaction gave back.
+	Compactions        int64 `json:"compactions"`
+	CompactedBytes     int64 `json:"compactedBytes"`
+	CompactCopiedBytes int64 `json:"compactCopiedBytes"`
 	// Evictions counts objects dropped with their segment to stay under the
 	// capacity, SegmentsDropped the segments.
 	Evictions       int64 `json:"evictions"`
@@ -89,6 +98,7 @@ type counters struct {
 	writeErrors, lost, recovered, tornTails    atomic.Int64
 	hintsRead, hintsWritten                    atomic.Int64
 	corruptDropped, removesNotDurable          atomic.Int64
+	compactions, compacted, compactCopied      atomic.Int64
 	faults                                     storage.FaultCounts
 }
 
@@ -104,6 +114,7 @@ func (s *Store) Stats() Stats {
 	st.WriteErrors, st.LostObjects, st.Recovered, st.TornTails = c.writeErrors.Load(), c.lost.Load(), c.recovered.Load(), c.tornTails.Load()
 	st.HintsRead, st.HintsWritten = c.hintsRead.Load(), c.hintsWritten.Load()
 	st.CorruptDropped, st.RemovesNotDurable = c.corruptDropped.Load(), c.removesNotDurable.Load()
+	st.Compactions, st.CompactedBytes, st.CompactCopiedBytes = c.compactions.Load(), c.compacted.Load(), c.compactCopied.Load()
 	st.Faults = c.faults.All()
 	return st
 }
@@ -120,6 +131,7 @@ func (s *Store) snapshot() Stats {
 		Objects:                 int64(s.idx.n - s.pendingPuts),
 		IndexBytes:              s.idx.bytes(),
 		LiveBytes:               s.liveBytes,
+		DeadBytes:               s.used - s.liveRec,
 		CapacityBytes:           s.limitLocked(),
 		ConfiguredCapacityBytes: s.cfg.CapacityBytes,
 		SegmentBytes:            s.segBytes,

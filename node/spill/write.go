@@ -108,7 +108,9 @@ func (s *Store) placeObject(ctx context.Context, key string, h [16]byte, format 
 		if !wait {
 			break
 		}
+		s.bufWaiters++
 		s.cond.Wait()
+		s.bufWaiters--
 	}
 	s.testHook("put-placed-locked", key)
 	i, _, _, err := s.idx.add(&p.seg.head, h, entry{seg: p.seg.id, hdrLen: uint32(p.hdrLen), off: p.off, size: size, format: format, pending: true})
@@ -149,8 +151,11 @@ func (s *Store) finishObject(p placement, h [16]byte, key string, size int64, fo
 	}
 	s.testHook("put-commit-locked", key)
 	s.idx.commit(p.idx)
+	if s.commitWaiters > 0 {
+		s.cond.Broadcast()
+	}
 	e := entry{seg: p.seg.id, hdrLen: uint32(p.hdrLen), off: p.off, size: size, format: format}
-	s.liveBytes += size
+	s.liveLocked(p.seg, e)
 	p.seg.hints = append(p.seg.hints, hint{kind: kindObject, hdrLen: e.hdrLen, off: e.off, size: e.size, format: e.format, hash: h})
 	if p.buf != nil {
 		p.buf.keys = append(p.buf.keys, h)
@@ -220,28 +225,30 @@ type tombAction uint8
 const (
 	tombSkip  tombAction = iota // no tombstone
 	tombPlace                   // place one now
+	tombWait                    // wait (for the key's newest record to be written, or for puts to go first), then ask again
 )
 
 // stageTombstone appends a tombstone of key when decide, given h's index
 // entry, says so; with forget it also unindexes that entry, in the critical
 // section that places the tombstone, so that no put of the key can be placed
-// between the two. A tombstone is registered with w, when given, so that the
-// caller can wait for it to be written. The caller has the spill wake its
-// waits when ctx ends (wakeOnDone). It reports whether it placed a tombstone
-// and whether it forgot an object.
-func (s *Store) stageTombstone(ctx context.Context, key string, h [16]byte, w *flushWait,
+// between the two. origin is the segment of the remove whose tombstone
+// compaction carries forward, 0 for a new remove. A tombstone is registered
+// with w, when given, so that the caller can wait for it to be written. The
+// caller has the spill wake its waits when ctx ends (wakeOnDone). It reports
+// whether it placed a tombstone and whether it forgot an object.
+func (s *Store) stageTombstone(ctx context.Context, key string, h [16]byte, origin uint32, w *flushWait,
 	decide func(e entry, ok bool) tombAction, forget bool) (placed, forgot bool, err error) {
-	p, forgot, err := s.placeTombstone(ctx, key, h, w, decide, forget)
+	p, forgot, err := s.placeTombstone(ctx, key, h, origin, w, decide, forget)
 	if err != nil || p.seg == nil {
 		return false, forgot, err
 	}
 	defer s.release(p)
 	s.testHook("remove-copy", key)
-	p.fill(header{kind: kindTombstone, hdrLen: p.hdrLen, segment: p.seg.id, recLen: p.rec, key: key}, nil)
+	p.fill(header{kind: kindTombstone, hdrLen: p.hdrLen, segment: p.seg.id, recLen: p.rec, format: uint64(origin), key: key}, nil)
 	return true, forgot, nil
 }
 
-func (s *Store) placeTombstone(ctx context.Context, key string, h [16]byte, w *flushWait,
+func (s *Store) placeTombstone(ctx context.Context, key string, h [16]byte, origin uint32, w *flushWait,
 	decide func(e entry, ok bool) tombAction, forget bool) (placement, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -250,22 +257,39 @@ func (s *Store) placeTombstone(ctx context.Context, key string, h [16]byte, w *f
 			return placement{}, false, err
 		}
 		e, ok := s.idx.get(h)
-		if decide(e, ok) == tombSkip {
+		switch decide(e, ok) {
+		case tombSkip:
 			return placement{}, false, nil
+		case tombWait:
+			if b := s.cur; ok && b != nil && s.bufferOfLocked(e) == b {
+				s.sealLocked()
+			}
+			s.commitWaiters++
+			s.cond.Wait()
+			s.commitWaiters--
+			continue
 		}
 		p, wait, err := s.placeLocked(key, 0)
 		if err != nil {
 			return placement{}, false, err
 		}
 		if wait {
+			if forget { // a remove or a drop, not compaction
+				s.bufWaiters++
+			}
 			s.cond.Wait()
+			if forget {
+				s.bufWaiters--
+			}
 			continue
 		}
 		forgot := false
 		if forget && ok {
 			forgot = s.forgetLocked(h, e)
 		}
-		p.seg.hints = append(p.seg.hints, hint{kind: kindTombstone, hash: h})
+		p.seg.hints = append(p.seg.hints, hint{kind: kindTombstone, hdrLen: uint32(p.hdrLen), off: p.off, format: uint64(origin), hash: h})
+		p.seg.tombs++
+		p.seg.tombBytes += p.rec
 		if w != nil {
 			w.add(p.buf) // a tombstone always fits a buffer
 		}
@@ -281,7 +305,7 @@ func (s *Store) release(p placement) {
 }
 
 // flushWait follows the write buffers that a batch of records (a remove's
-// tombstones) was staged in, until each is written.
+// tombstones, a compaction's copies) was staged in, until each is written.
 type flushWait struct {
 	bufs int   // buffers not yet written
 	err  error // the first failed write of one
@@ -426,10 +450,12 @@ func (s *Store) rotateLocked() error {
 	seg := &segment{id: id, path: path, fd: fd}
 	s.segs = append(s.segs, seg)
 	s.byID[id] = seg
-	if old := s.active; old != nil && old.pending == 0 {
-		s.hintLocked(old)
-	}
+	old := s.active
 	s.active = seg
+	if old != nil && old.pending == 0 {
+		s.hintLocked(old)
+		s.kickLocked(old)
+	}
 	return nil
 }
 
@@ -487,14 +513,24 @@ func (s *Store) dropOldestLocked() bool {
 	if seg == s.active || seg.pending > 0 {
 		return false
 	}
-	s.segs = s.segs[1:]
-	delete(s.byID, seg.id)
-	n, bytes := s.idx.dropSegment(seg.head)
-	seg.head = 0
-	s.liveBytes -= bytes
-	s.used -= seg.size
+	n, _ := s.removeSegmentLocked(seg)
 	s.st.evictions.Add(n)
 	s.st.segmentsDropped.Add(1)
+	return true
+}
+
+// removeSegmentLocked takes seg out of the spill: its objects out of the
+// index, its file and hint file off the disk. Its fd is closed once the reads
+// on it end. It returns the objects and data bytes that were live in it.
+func (s *Store) removeSegmentLocked(seg *segment) (objects, bytes int64) {
+	s.segs = slices.DeleteFunc(s.segs, func(x *segment) bool { return x == seg })
+	delete(s.byID, seg.id)
+	objects, bytes = s.idx.dropSegment(seg.head)
+	seg.head = 0
+	s.liveBytes -= bytes
+	s.liveRec -= seg.liveRec
+	seg.liveRec = 0
+	s.used -= seg.size
 	if err := unix.Unlink(seg.path); err != nil && err != unix.ENOENT {
 		s.log.Warn("spill: cannot remove a dropped segment file; remove it by hand", "file", seg.path, "err", err)
 	}
@@ -504,7 +540,7 @@ func (s *Store) dropOldestLocked() bool {
 	if seg.refs == 0 {
 		_ = unix.Close(seg.fd)
 	}
-	return true
+	return objects, bytes
 }
 
 // releaseLocked ends a read or write on seg's fd.
@@ -521,6 +557,7 @@ func (s *Store) doneWriteLocked(seg *segment, rec int64) {
 	s.releaseLocked(seg)
 	if seg.pending == 0 && seg != s.active {
 		s.hintLocked(seg)
+		s.kickLocked(seg)
 	}
 	s.cond.Broadcast()
 }
