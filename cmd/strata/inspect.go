@@ -89,8 +89,17 @@ func writeInspect(w io.Writer, st node.Stats) error {
 		fb(a.UsedBytes), fb(a.SizeBytes), 100*float64(a.UsedBytes)/float64(max(a.SizeBytes, 1)), a.Objects, fb(a.HeldBytes), a.Slabs, fb(a.IndexBytes),
 		a.LeasedObjects, a.Fragmentation, a.Evictions, a.Spilled, a.Dropped)
 	if s := st.Spill; s != nil {
-		fmt.Fprintf(w, "spill   %s of %s, %d objects in %d segment files, %d corrupt removed, %d failed writes (evicted objects dropped)%s\n",
-			fb(s.Bytes), fb(s.CapacityBytes), s.Objects, s.Files, s.CorruptRemoved, st.Ops.SpillErrors, formatFaults(s.Faults))
+		capacity := fb(s.CapacityBytes)
+		if s.ConfiguredCapacityBytes > s.CapacityBytes {
+			capacity += fmt.Sprintf(" (the device's room; --spill-capacity %s)", fb(s.ConfiguredCapacityBytes))
+		}
+		fmt.Fprintf(w, "spill   %s of %s, %d objects in %d segment files, %d corrupt removed (%d for good), %d failed writes (evicted objects dropped)%s\n",
+			fb(s.Bytes), capacity, s.Objects, s.Files, s.CorruptRemoved, s.CorruptDropped, st.Ops.SpillErrors, formatFaults(s.Faults))
+		fmt.Fprintf(w, "        %s live, %s dead; %d compactions (%s compacted, %s of it copied)\n",
+			fb(s.LiveBytes), fb(s.DeadBytes), s.Compactions, fb(s.CompactedBytes), fb(s.CompactCopiedBytes))
+		if s.RemovesNotDurable > 0 {
+			fmt.Fprintf(w, "        %d removes that may not survive a restart (their tombstones could not be written)\n", s.RemovesNotDurable)
+		}
 	} else {
 		fmt.Fprintln(w, "spill   none (evicted objects are dropped)")
 	}

@@ -157,14 +157,11 @@ func TestWriteFault(t *testing.T) {
 // the spill follows the device's free space: puts go on, old segments go.
 func TestSmallDevice(t *testing.T) {
 	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("mounting a tmpfs needs root; CI runs as root")
-		}
-		t.Skip("mounting a tmpfs needs root")
+		skipOutsideCI(t, "mounting a tmpfs needs root; CI runs as root")
 	}
 	dir := t.TempDir()
 	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=2m"); err != nil {
-		t.Skipf("cannot mount a tmpfs: %v", err)
+		skipOutsideCI(t, fmt.Sprintf("cannot mount a tmpfs: %v", err))
 	}
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	cfg := testConfig(dir)
@@ -181,4 +178,32 @@ func TestSmallDevice(t *testing.T) {
 	}
 	mustGet(t, s, "k199", data(40_000, 199))
 	mustGet(t, s, "big", data(300_000, 1))
+}
+
+// Stats reports the bound in force: on a device of 64 MiB under a configured
+// 64 GiB, 64 MiB (the files' bytes plus the device's free space), with the
+// configured capacity beside it; under a configured capacity below the
+// device's room, that capacity. (Before, it reported 64 GiB.)
+func TestCapacityInForce(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	cfg.CapacityBytes = 64 << 30
+	var onDisk atomic.Int64
+	s := newWithFree(t, cfg, func() int64 { return 64<<20 - onDisk.Load() }, &onDisk)
+	check := func(want int64) {
+		t.Helper()
+		if st := s.Stats(); st.CapacityBytes != want || st.ConfiguredCapacityBytes != cfg.CapacityBytes {
+			t.Fatalf("capacity %d (configured %d), want %d (configured %d)", st.CapacityBytes, st.ConfiguredCapacityBytes, want, cfg.CapacityBytes)
+		}
+	}
+	check(64 << 20)
+	for i := 0; i < 100; i++ {
+		put(t, s, fmt.Sprintf("k%d", i), data(20_000, i))
+	}
+	s.flush()
+	check(64 << 20)
+
+	cfg = testConfig(t.TempDir())
+	cfg.CapacityBytes = 8 << 20
+	s = newWithFree(t, cfg, func() int64 { return 64<<20 - onDisk.Load() }, &onDisk)
+	check(8 << 20)
 }

@@ -26,6 +26,24 @@ type Config struct {
 	// written. Records larger than a buffer are written straight from the
 	// caller's memory. A multiple of 4 KiB.
 	BufferBytes int64 `json:"bufferBytes"`
+	// CompactBelow is the share of a finished segment that must still hold
+	// live objects (and tombstones) for it to stay as it is: below it, the
+	// spill compacts the segment, copying what lives in it to the end of the
+	// spill and deleting its file, so that removed objects' bytes do not wait
+	// for their segment to age out. Each compaction rewrites at most this
+	// share of a segment to free the rest: 0.5 (the default) writes at most
+	// one byte per byte freed; lower it to write less and keep more dead bytes
+	// on disk, raise it (up to 0.9) where disk space is short. 0 turns
+	// compaction off.
+	CompactBelow float64 `json:"compactBelow"`
+	// CompactBytesPerSec bounds the bytes compaction reads and writes per
+	// second, so that it never takes the device from serving (one compaction
+	// runs at a time, and it waits while puts wait for a write buffer). The
+	// default, 64 MiB/s, is a few percent of an NVMe drive's sequential
+	// throughput; raise it where removes outpace compaction (Stats.DeadBytes
+	// keeps growing), lower it on a device puts and gets already keep busy.
+	// 0 means no bound.
+	CompactBytesPerSec int64 `json:"compactBytesPerSec"`
 	// DirectIO writes and reads with O_DIRECT, bypassing the page cache the
 	// engine needs. Where the filesystem refuses it (tmpfs, some network
 	// filesystems) the spill logs once and uses buffered I/O.
@@ -36,9 +54,11 @@ type Config struct {
 }
 
 // DefaultConfig returns a Config for dir with a 64 GiB capacity, 256 MiB
-// segments, two 4 MiB write buffers and direct I/O.
+// segments, two 4 MiB write buffers, direct I/O, and compaction of segments
+// under half live at up to 64 MiB/s.
 func DefaultConfig(dir string) Config {
-	return Config{Dir: dir, CapacityBytes: 64 << 30, SegmentBytes: 256 << 20, BufferBytes: 4 << 20, DirectIO: true}
+	return Config{Dir: dir, CapacityBytes: 64 << 30, SegmentBytes: 256 << 20, BufferBytes: 4 << 20, DirectIO: true,
+		CompactBelow: 0.5, CompactBytesPerSec: 64 << 20}
 }
 
 // minSegment is the smallest segment a small capacity lowers SegmentBytes to.
@@ -54,6 +74,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("spill %s: segments of %d bytes: want at least %d (strata serve --spill-segment): %w", c.Dir, c.SegmentBytes, minSegment, storage.ErrConfig)
 	case c.BufferBytes < 2*block || c.BufferBytes%block != 0 || c.BufferBytes > 1<<30:
 		return fmt.Errorf("spill %s: write buffers of %d bytes: want a multiple of 4 KiB from 8 KiB to 1 GiB: %w", c.Dir, c.BufferBytes, storage.ErrConfig)
+	case !(c.CompactBelow >= 0 && c.CompactBelow <= 0.9):
+		return fmt.Errorf("spill %s: compaction below %v of a segment live: want 0 (off) to 0.9: %w", c.Dir, c.CompactBelow, storage.ErrConfig)
+	case c.CompactBytesPerSec < 0:
+		return fmt.Errorf("spill %s: compaction bound of %d bytes/s: want 0 (none) or more: %w", c.Dir, c.CompactBytesPerSec, storage.ErrConfig)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

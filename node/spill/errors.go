@@ -7,3 +7,9 @@ import "errors"
 // a writer a reason to refuse the put rather than report it stored (objects
 // are write-once, so the put would store nothing).
 var ErrOtherFormat = errors.New("object stored in another format")
+
+// ErrRemoveNotDurable is wrapped by RemoveObjects when a tombstone could not
+// be written: the object is removed, so no read serves it, but it may be back
+// after a restart. The error also wraps the cause (storage.ErrNoSpace,
+// storage.ErrIO, a context's error).
+var ErrRemoveNotDurable = errors.New("remove may not survive a restart")

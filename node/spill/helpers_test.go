@@ -5,9 +5,15 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
+	"runtime"
+	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/stratakv/strata/internal/vecio"
 	"github.com/stratakv/strata/storage"
@@ -37,8 +43,90 @@ func open(t testing.TB, cfg Config) *Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = s.Close() })
+	t.Cleanup(func() { closeWithin(t, s, time.Minute) })
 	return s
+}
+
+// closeWithin closes s, failing t by name if Close does not return within d
+// (a call that kept the spill's mutex, or a buffer, after a panic), with the
+// goroutines' stacks, instead of hanging until the test binary's timeout.
+func closeWithin(t testing.TB, s *Store, d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = s.Close()
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		buf := make([]byte, 1<<20)
+		t.Errorf("%s: the spill's Close did not return within %v; goroutines:\n%s", t.Name(), d, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// within runs fn and fails t by name if it does not return within d.
+func within(t testing.TB, d time.Duration, what string, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%s did not return within %v; goroutines:\n%s", what, d, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// skipOutsideCI skips t with why, outside CI; in CI (CI=true) the test must
+// run, and fails instead.
+func skipOutsideCI(t testing.TB, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s (CI runs this test: fix the environment)", why)
+	}
+	t.Skip(why)
+}
+
+// crash abandons s as a killed process would leave it: what is staged and
+// not yet written stays unwritten, the segments being written get no hint
+// file, and the directory is released. Nothing may be in flight.
+func (s *Store) crash() {
+	if !s.markClosed() {
+		return
+	}
+	s.inflight.Wait()
+	s.stopCompaction()
+	s.halt()
+	s.writer.Wait()
+	s.closeSegments()
+	s.closeIndex()
+	if s.mapped != nil {
+		_ = unix.Munmap(s.mapped)
+		s.mapped = nil
+	}
+	_ = unix.Close(s.lock)
+}
+
+// halt stops the writer and any compaction where they are, as a crash
+// would: the writer writes nothing more. It may be called from a test hook
+// (without s.mu); crash then releases the rest.
+func (s *Store) halt() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.compactCancel()
+	s.abandon = true
+	s.stopping = true
+	s.cond.Broadcast()
+}
+
+// compactAll compacts, in the caller's goroutine, every segment under below
+// until none is left (the spill's own compactor off: CompactBelow 0).
+func (s *Store) compactAll(below float64) {
+	for s.compactNext(below) {
+	}
 }
 
 // data is n bytes that depend on seed.
@@ -98,3 +186,40 @@ func (s *Store) flush() {
 
 // alignedBytes is n bytes at a block-aligned address, as the arena's objects are.
 func alignedBytes(n int64) []byte { return vecio.AlignedBytes(int(n), block) }
+
+// setHook sets the spill's test hook (nil: none).
+func (s *Store) setHook(fn func(point, key string)) {
+	if fn == nil {
+		s.hook.Store(nil)
+		return
+	}
+	s.hook.Store(&fn)
+}
+
+// holdAt returns a hook that holds the first call at point for key until
+// release is closed, closing reached when it gets there.
+func holdAt(point, key string) (hook func(string, string), reached, release chan struct{}) {
+	reached, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	return func(p, k string) {
+		if p == point && k == key {
+			once.Do(func() {
+				close(reached)
+				<-release
+			})
+		}
+	}, reached, release
+}
+
+// wait receives from ch, failing t by name after a minute.
+func wait[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(time.Minute):
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%s: nothing within a minute; goroutines:\n%s", what, buf[:runtime.Stack(buf, true)])
+		panic("unreachable")
+	}
+}

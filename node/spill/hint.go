@@ -22,7 +22,10 @@ import (
 //	[16, 24)  the segment file's length
 //	[24, 32)  zero
 //	then 48 bytes per record, in index order: kind (1), zero (3), header
-//	length (4), offset (8), data length (8), format (8), key hash (16)
+//	length (4), offset (8), data length (8), format (8), key hash (16); a
+//	tombstone's format is its header's (the segment of the remove that
+//	compaction carried forward, or 0), and hint files of earlier versions
+//	have 0 for a tombstone's header length and offset
 //	[end-8, end) xxh3-64 of everything before
 const (
 	hintMagic  = "STRHINT1"

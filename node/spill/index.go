@@ -23,10 +23,17 @@ import (
 // same building blocks as node/arena's index.
 //
 // The records of a segment are linked in a list from the segment, so that
-// dropping it forgets its objects without a key list on the heap. A record
-// whose object is removed, or overridden by a later record at start-up, leaves
-// the table but stays on its segment's list, dead, until the segment goes:
-// like the record's bytes on disk.
+// dropping it forgets its objects without a key list on the heap, and so that
+// compaction finds a segment's live objects without reading it. A record whose
+// object is removed, or overridden by a later record (at start-up, or by
+// compaction's copy of it), leaves the table but stays on its segment's list,
+// dead, until the segment goes: like the record's bytes on disk.
+//
+// A put indexes its object as pending when it places the record, before it
+// copies the bytes, and commits it once they are copied: a pending object is
+// invisible to reads; a second put of the key finds it and is skipped, so
+// that two records of one key are never both being written; and a remove
+// finds it and cancels it (abort), so that the put's commit finds it gone.
 
 // record is one object's metadata: 48 bytes, part of the per-object cost.
 // Record 0 is never used: 0 ends a list, and the table holds no index 0.
@@ -35,7 +42,7 @@ type record struct {
 	format uint64
 	off    int64 // the record's offset in its segment
 	// bits holds the data length (bits 0-47), the header length in sectors
-	// (bits 48-55) and recLive (bit 63).
+	// (bits 48-55), recPending (bit 62) and recLive (bit 63).
 	bits uint64
 	seg  uint32 // the segment's id
 	// next is the record after it on its segment's list; 0 ends the list.
@@ -46,6 +53,7 @@ const (
 	recSizeMask = 1<<48 - 1
 	recHdrShift = 48
 	recLive     = 1 << 63 // in the table; clear once removed or overridden
+	recPending  = 1 << 62 // placed by a put still copying its bytes
 )
 
 // The record layout is the per-object cost: keep it at 48 bytes.
@@ -53,7 +61,8 @@ var _ [unsafe.Sizeof(record{}) - 48]byte
 var _ [48 - unsafe.Sizeof(record{})]byte
 
 func (r *record) entry() entry {
-	return entry{seg: r.seg, hdrLen: uint32(r.bits>>recHdrShift&0xff) * sector, off: r.off, size: int64(r.bits & recSizeMask), format: r.format}
+	return entry{seg: r.seg, hdrLen: uint32(r.bits>>recHdrShift&0xff) * sector, off: r.off, size: int64(r.bits & recSizeMask),
+		format: r.format, pending: r.bits&recPending != 0}
 }
 
 // index maps a key's 128-bit hash to its object's entry. It is not safe for
@@ -105,28 +114,51 @@ func (x *index) get(h [16]byte) (entry, bool) {
 }
 
 // add indexes e under h, on the list of segment seg (whose first record is
-// *head), replacing h's entry if it had one: that one is returned. e.seg must
-// be seg's id.
-func (x *index) add(head *uint32, h [16]byte, e entry) (old entry, replaced bool, err error) {
+// *head), replacing h's entry if it had one: that one is returned, with the
+// new record's number. e.seg must be seg's id; e.pending indexes it pending.
+func (x *index) add(head *uint32, h [16]byte, e entry) (i uint32, old entry, replaced bool, err error) {
 	if e.size < 0 || e.size > recSizeMask || e.hdrLen%sector != 0 || e.hdrLen/sector > 0xff {
-		return entry{}, false, fmt.Errorf("spill: a record of %d+%d bytes cannot be indexed (a bug): %w", e.hdrLen, e.size, storage.ErrIO)
+		return 0, entry{}, false, fmt.Errorf("spill: a record of %d+%d bytes cannot be indexed (a bug): %w", e.hdrLen, e.size, storage.ErrIO)
 	}
 	if i := x.find(h); i != 0 {
 		old, replaced = x.rec(i).entry(), true
 		x.unlink(h, i)
 	}
-	i, err := x.recs.Alloc()
+	i, err = x.recs.Alloc()
 	if err != nil {
-		return old, replaced, indexErr(err)
+		return 0, old, replaced, indexErr(err)
 	}
 	if err := x.tab.Insert(i, hashBits(h)); err != nil {
 		x.recs.Release(i)
-		return old, replaced, indexErr(err)
+		return 0, old, replaced, indexErr(err)
 	}
-	*x.rec(i) = record{hash: h, format: e.format, off: e.off, bits: uint64(e.size) | uint64(e.hdrLen/sector)<<recHdrShift | recLive, seg: e.seg, next: *head}
+	bits := uint64(e.size) | uint64(e.hdrLen/sector)<<recHdrShift | recLive
+	if e.pending {
+		bits |= recPending
+	}
+	*x.rec(i) = record{hash: h, format: e.format, off: e.off, bits: bits, seg: e.seg, next: *head}
 	*head = i
 	x.n++
-	return old, replaced, nil
+	return i, old, replaced, nil
+}
+
+// commit makes pending record i an indexed object.
+func (x *index) commit(i uint32) { x.rec(i).bits &^= recPending }
+
+// isPending reports whether record i is still pending: not committed, and
+// not aborted.
+func (x *index) isPending(i uint32) bool {
+	return x.rec(i).bits&(recLive|recPending) == recLive|recPending
+}
+
+// abort forgets pending record i. It stays on its segment's list until
+// dropSegment.
+func (x *index) abort(i uint32) {
+	r := x.rec(i)
+	if r.bits&recLive != 0 {
+		x.unlink(r.hash, i)
+	}
+	r.bits &^= recPending
 }
 
 // remove forgets h and returns its entry. Its record stays on its segment's
@@ -146,6 +178,22 @@ func (x *index) unlink(h [16]byte, i uint32) {
 	x.tab.Remove(i, hashBits(h))
 	x.rec(i).bits &^= recLive
 	x.n--
+}
+
+// live returns the live records of the list that starts at from (a segment's
+// head, or where an earlier call stopped), at most max of them, and where to
+// go on (0: the list's end).
+func (x *index) live(from uint32, max int, fn func(i uint32, h [16]byte, e entry)) (next uint32) {
+	for i := from; i != 0; i = x.rec(i).next {
+		if max == 0 {
+			return i
+		}
+		if r := x.rec(i); r.bits&recLive != 0 {
+			fn(i, r.hash, r.entry())
+			max--
+		}
+	}
+	return 0
 }
 
 // dropSegment forgets the records of the list that starts at head, live or

@@ -1,8 +1,10 @@
 package spill
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -25,9 +27,11 @@ func testHash(i int, clustered bool) [16]byte {
 }
 
 // TestIndexModel checks the index against a map under adds (new keys and
-// replacements), removes and segment drops, across table growth and with
-// hashes that share the table's bits: every indexed hash finds its own entry,
-// others find nothing, and a drop forgets exactly the segment's live objects.
+// replacements, pending ones committed or aborted later), removes, listings
+// of a segment's live records and segment drops, across table growth and
+// with hashes that share the table's bits: every indexed hash finds its own
+// entry, others find nothing, a listing and a drop find exactly the segment's
+// live objects.
 func TestIndexModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		x, err := newIndex()
@@ -38,7 +42,20 @@ func TestIndexModel(t *testing.T) {
 		const segs = 4
 		var heads [segs]uint32
 		model := map[[16]byte]entry{}
+		pending := map[[16]byte]uint32{} // pending entries' records
 		pool := rapid.IntRange(50, 2000).Draw(t, "pool")
+		anyPending := func(t *rapid.T) ([16]byte, uint32, bool) {
+			if len(pending) == 0 {
+				return [16]byte{}, 0, false
+			}
+			var hs [][16]byte
+			for h := range pending {
+				hs = append(hs, h)
+			}
+			slices.SortFunc(hs, func(a, b [16]byte) int { return bytes.Compare(a[:], b[:]) })
+			h := rapid.SampledFrom(hs).Draw(t, "pending")
+			return h, pending[h], true
+		}
 		draw := func(t *rapid.T) [16]byte {
 			return testHash(rapid.IntRange(0, pool-1).Draw(t, "key"), rapid.Bool().Draw(t, "clustered"))
 		}
@@ -49,8 +66,8 @@ func TestIndexModel(t *testing.T) {
 					h := draw(t)
 					e := entry{seg: uint32(seg), hdrLen: uint32(rapid.SampledFrom([]int{sector, block}).Draw(t, "hdr")),
 						off: int64(rapid.IntRange(0, 1<<30).Draw(t, "off")) * sector, size: rapid.Int64Range(1, maxData).Draw(t, "size"),
-						format: rapid.Uint64().Draw(t, "format")}
-					old, replaced, err := x.add(&heads[seg], h, e)
+						format: rapid.Uint64().Draw(t, "format"), pending: rapid.Bool().Draw(t, "pending")}
+					i, old, replaced, err := x.add(&heads[seg], h, e)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -59,6 +76,10 @@ func TestIndexModel(t *testing.T) {
 						t.Fatalf("add %x: replaced %v %+v, want %v %+v", h, replaced, old, had, want)
 					}
 					model[h] = e
+					delete(pending, h)
+					if e.pending {
+						pending[h] = i
+					}
 					// Any other hash, in the old table or the new one while
 					// the table grows.
 					o := draw(t)
@@ -70,12 +91,67 @@ func TestIndexModel(t *testing.T) {
 			},
 			"remove": func(t *rapid.T) {
 				h := draw(t)
+				if _, ok := pending[h]; ok {
+					return // the store aborts pending entries instead
+				}
 				e, ok := x.remove(h)
 				want, had := model[h]
 				if ok != had || ok && e != want {
 					t.Fatalf("remove %x: %v %+v, want %v %+v", h, ok, e, had, want)
 				}
 				delete(model, h)
+			},
+			"commit": func(t *rapid.T) {
+				h, i, ok := anyPending(t)
+				if !ok {
+					t.Skip("nothing pending")
+				}
+				if !x.isPending(i) {
+					t.Fatalf("record %d of %x is not pending", i, h)
+				}
+				x.commit(i)
+				e := model[h]
+				e.pending = false
+				model[h] = e
+				delete(pending, h)
+			},
+			"abort": func(t *rapid.T) {
+				h, i, ok := anyPending(t)
+				if !ok {
+					t.Skip("nothing pending")
+				}
+				x.abort(i)
+				if x.isPending(i) {
+					t.Fatalf("record %d of %x is pending after its abort", i, h)
+				}
+				delete(model, h)
+				delete(pending, h)
+			},
+			"live": func(t *rapid.T) {
+				seg := rapid.IntRange(0, segs-1).Draw(t, "seg")
+				batch := rapid.IntRange(1, 50).Draw(t, "batch")
+				got := map[[16]byte]entry{}
+				for from := heads[seg]; from != 0; {
+					n := 0
+					from = x.live(from, batch, func(_ uint32, h [16]byte, e entry) {
+						got[h] = e
+						n++
+					})
+					if n > batch {
+						t.Fatalf("a listing of %d gave %d", batch, n)
+					}
+				}
+				for h, e := range model {
+					if e.seg == uint32(seg) {
+						if g, ok := got[h]; !ok || g != e {
+							t.Fatalf("listing of segment %d: %x %v %+v, want %+v", seg, h, ok, g, e)
+						}
+						delete(got, h)
+					}
+				}
+				if len(got) != 0 {
+					t.Fatalf("listing of segment %d: %d records not in the model", seg, len(got))
+				}
 			},
 			"drop": func(t *rapid.T) {
 				seg := rapid.IntRange(0, segs-1).Draw(t, "seg")
@@ -85,6 +161,7 @@ func TestIndexModel(t *testing.T) {
 						objects++
 						bytes += e.size
 						delete(model, h)
+						delete(pending, h)
 					}
 				}
 				n, b := x.dropSegment(heads[seg])

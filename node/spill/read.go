@@ -19,8 +19,9 @@ import (
 // the object's (ObjectSize tells it). A record on disk is checked before its
 // bytes are handed over: its header (the key in it included) and the data's
 // checksum. A missing object, or one of another format, is storage.ErrNotFound;
-// a record that fails a check is storage.ErrCorrupt and is forgotten. On error
-// runs hold undefined bytes.
+// a record that fails a check is storage.ErrCorrupt and is dropped, with a
+// tombstone so that it stays dropped after a restart. On error runs hold
+// undefined bytes.
 func (s *Store) GetObject(ctx context.Context, key string, format storage.Format, runs ...[]byte) error {
 	if err := ctx.Err(); err != nil {
 		return ctxError("get", err)
@@ -28,67 +29,116 @@ func (s *Store) GetObject(ctx context.Context, key string, format storage.Format
 	if err := s.begin("get", key); err != nil {
 		return err
 	}
-	defer s.inflight.Done()
-	err := s.get(key, uint64(format), runs)
+	defer s.end()
+	err := s.get(ctx, key, uint64(format), runs)
 	s.st.faults.Add(err)
 	return err
 }
 
-func (s *Store) get(key string, format uint64, runs [][]byte) error {
+func (s *Store) get(ctx context.Context, key string, format uint64, runs [][]byte) error {
 	h := hashKey(key)
 	size := runsLen(runs)
-	s.mu.Lock()
-	e, ok := s.idx.get(h)
-	switch {
-	case !ok:
-		s.mu.Unlock()
-		s.st.misses.Add(1)
-		return fmt.Errorf("spill: object %s: %w", key, storage.ErrNotFound)
-	case e.format != format:
-		s.mu.Unlock()
-		s.st.misses.Add(1)
-		return fmt.Errorf("spill: object %s is stored in another format (another layout, geometry or page size): %w", key, storage.ErrNotFound)
-	case e.size != size:
-		s.mu.Unlock()
-		return fmt.Errorf("spill: object %s holds %d bytes, %d were asked for: %w", key, e.size, size, storage.ErrBatch)
+	e, b, seg, err := s.hold(key, h, format, size)
+	if err != nil {
+		return err
 	}
-	if b := s.bufferOfLocked(e); b != nil {
+	if b != nil {
 		// Not written yet: the buffer's bytes are the record, and they stay
 		// while this read holds the buffer.
-		b.readers++
-		s.mu.Unlock()
+		defer s.unhold(b, nil)
 		at := e.off - b.start + int64(e.hdrLen)
 		src := b.mem[at : at+e.size]
 		for _, r := range runs {
 			src = src[copy(r, src):]
 		}
-		s.mu.Lock()
-		if b.readers--; b.readers == 0 {
-			s.cond.Broadcast()
-		}
-		s.mu.Unlock()
 		s.st.reads.Add(1)
 		s.st.bufferReads.Add(1)
 		s.st.readBytes.Add(size)
 		return nil
 	}
-	seg := s.byID[e.seg]
-	seg.refs++
-	s.mu.Unlock()
-	err := s.readRecord(seg, e, key, runs)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.releaseLocked(seg)
+	err = func() error {
+		defer s.unhold(nil, seg)
+		s.testHook("get-read", key)
+		return s.readRecord(seg, e, key, runs)
+	}()
 	if err != nil {
-		if cur, ok := s.idx.get(h); ok && cur == e {
-			s.unindexLocked(h)
-			s.st.corrupt.Add(1)
-		}
+		s.dropBad(ctx, key, h, e, err)
 		return err
 	}
 	s.st.reads.Add(1)
 	s.st.readBytes.Add(size)
 	return nil
+}
+
+// hold finds key's object and holds where it is: the write buffer it is in
+// (b), or its segment (seg), whose fd stays open while held.
+func (s *Store) hold(key string, h [16]byte, format uint64, size int64) (e entry, b *stageBuf, seg *segment, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.idx.get(h)
+	switch {
+	case !ok || e.pending:
+		s.st.misses.Add(1)
+		return e, nil, nil, fmt.Errorf("spill: object %s: %w", key, storage.ErrNotFound)
+	case e.format != format:
+		s.st.misses.Add(1)
+		return e, nil, nil, fmt.Errorf("spill: object %s is stored in another format (another layout, geometry or page size): %w", key, storage.ErrNotFound)
+	case e.size != size:
+		return e, nil, nil, fmt.Errorf("spill: object %s holds %d bytes, %d were asked for: %w", key, e.size, size, storage.ErrBatch)
+	}
+	if b := s.bufferOfLocked(e); b != nil {
+		b.readers++
+		return e, b, nil, nil
+	}
+	seg = s.byID[e.seg]
+	seg.refs++
+	return e, nil, seg, nil
+}
+
+// unhold lets go of what hold held.
+func (s *Store) unhold(b *stageBuf, seg *segment) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if b != nil {
+		if b.readers--; b.readers == 0 {
+			s.cond.Broadcast()
+		}
+	}
+	if seg != nil {
+		s.releaseLocked(seg)
+	}
+}
+
+// dropBad forgets e, h's record, after a read of it failed with err, if h
+// still names it. A record that failed a check (storage.ErrCorrupt) is
+// dropped for good: a tombstone placed in the critical section that unindexes
+// it keeps it dropped after a restart (and no put of the key comes between).
+// After another error (the device's) it is forgotten until the next start.
+func (s *Store) dropBad(ctx context.Context, key string, h [16]byte, e entry, err error) {
+	if !errors.Is(err, storage.ErrCorrupt) {
+		if s.forget(h, &e) {
+			s.st.corrupt.Add(1)
+		}
+		return
+	}
+	defer s.wakeOnDone(ctx)()
+	placed, forgot, terr := s.stageTombstone(ctx, key, h, 0, nil, func(cur entry, ok bool) tombAction {
+		if ok && cur == e {
+			return tombPlace
+		}
+		return tombSkip
+	}, true)
+	if terr != nil {
+		forgot = s.forget(h, &e)
+		s.log.Warn("spill: the tombstone of a corrupt record could not be written; it is dropped, but will be read (and dropped) again after a restart",
+			"key", key, "err", terr)
+	}
+	if forgot {
+		s.st.corrupt.Add(1)
+	}
+	if placed {
+		s.st.corruptDropped.Add(1)
+	}
 }
 
 // bufferOfLocked returns the write buffer that holds e's record, or nil when

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/stratakv/strata/storage"
@@ -94,5 +95,62 @@ func TestReadDirectRefused(t *testing.T) {
 	}
 	if err := s.GetObject(bg, "k", 7, dst); err != nil || string(dst) != string(data(size, 1)) {
 		t.Fatalf("get: %v, or wrong bytes", err)
+	}
+}
+
+// A record that fails its checks is dropped for good: a restart, with hint
+// files or without, finds a tombstone for it and reads it as a miss, not as
+// corrupt again. (Before, it was dropped in memory only.)
+func TestCorruptDropSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(dir)
+	cfg.SegmentBytes = 64 << 20
+	s := open(t, cfg)
+	for i := 0; i < 4; i++ {
+		put(t, s, fmt.Sprintf("k%d", i), data(20_000, i))
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Two newer segments, so that New does not verify the damaged one's data
+	// when it reads it without a hint file.
+	for i := 0; i < 2; i++ {
+		s = open(t, cfg)
+		put(t, s, fmt.Sprintf("n%d", i), data(100, i))
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seg := segmentFiles(t, dir)[0]
+	b, err := os.ReadFile(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[findRecord(t, b, "k1")+sector+100] ^= 1
+	if err := os.WriteFile(seg, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, cfg)
+	if _, err := get(s, "k1", 20_000); !errors.Is(err, storage.ErrCorrupt) || !strings.Contains(err.Error(), "dropped") {
+		t.Fatalf("get of a damaged record: %v, want corrupt", err)
+	}
+	if st := s.Stats(); st.CorruptRemoved != 1 || st.CorruptDropped != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	for _, hints := range []bool{true, false} {
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if !hints {
+			crash(t, dir)
+		}
+		s = open(t, cfg)
+		mustMiss(t, s, "k1", 20_000)
+		for _, i := range []int{0, 2, 3} {
+			mustGet(t, s, fmt.Sprintf("k%d", i), data(20_000, i))
+		}
+		if st := s.Stats(); st.CorruptRemoved != 0 || st.TornTails != 0 {
+			t.Fatalf("hints %v: stats after a restart %+v", hints, st)
+		}
 	}
 }

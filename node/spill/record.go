@@ -23,7 +23,9 @@ import (
 //	[20, 24)  segment id of the file the record was written to
 //	[24, 32)  record length: a multiple of 512; the next record starts there
 //	[32, 40)  data length
-//	[40, 48)  format (storage.Format of the writer)
+//	[40, 48)  format (storage.Format of the writer); in a tombstone that
+//	          compaction copied forward, the id of the segment its remove was
+//	          first written to (0 in the original: its own segment)
 //	[48, 56)  xxh3-64 of the data
 //	[56, 64)  xxh3-64 of bytes [0, 56) and the key (the key seeded by the first)
 //	[64, ...) the key, so a read checks it is the record of the key it asked for

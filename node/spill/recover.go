@@ -19,7 +19,9 @@ import (
 // torn by a crash (or damage) and is cut off. Only the data of the two newest
 // segments is verified here, because a crash tears the segment being written
 // (and the one before it may still have had a buffer on its way); every read
-// verifies the data it serves.
+// verifies the data it serves. The newest by id: after compaction deleted the
+// ones before them, older segments are among the last files, but no write of
+// theirs was on its way.
 func (s *Store) recover() error {
 	names, err := os.ReadDir(s.dir)
 	if err != nil {
@@ -47,8 +49,8 @@ func (s *Store) recover() error {
 			"dir", s.dir, "subdirectories", oldLayout)
 	}
 	slices.Sort(ids)
-	for i, id := range ids {
-		if err := s.recoverSegment(id, i >= len(ids)-2); err != nil {
+	for _, id := range ids {
+		if err := s.recoverSegment(id, id+1 >= ids[len(ids)-1]); err != nil {
 			return err
 		}
 		s.nextID = id + 1
@@ -90,6 +92,9 @@ func (s *Store) recoverSegment(id uint32, newest bool) error {
 		return ioError("stat segment", path, err)
 	}
 	seg := &segment{id: id, path: path, fd: fd}
+	// In byID while its records are indexed: a tombstone in it may remove an
+	// object of its own.
+	s.byID[id] = seg
 	if hs := s.readHints(id, st.Size); hs != nil {
 		if err := s.applyHints(seg, hs); err != nil {
 			_ = unix.Close(fd)
@@ -98,7 +103,6 @@ func (s *Store) recoverSegment(id uint32, newest bool) error {
 		seg.hints = nil // its hint file stands
 		seg.size = st.Size
 		s.segs = append(s.segs, seg)
-		s.byID[id] = seg
 		s.used += st.Size
 		s.st.hintsRead.Add(1)
 		return nil
@@ -117,13 +121,13 @@ func (s *Store) recoverSegment(id uint32, newest bool) error {
 		}
 	}
 	if end == 0 {
+		delete(s.byID, id)
 		_ = unix.Close(fd)
 		_ = unix.Unlink(path)
 		return nil
 	}
 	seg.size = end
 	s.segs = append(s.segs, seg)
-	s.byID[id] = seg
 	s.used += end
 	return nil
 }
@@ -179,10 +183,21 @@ func (s *Store) applyHints(seg *segment, hs []hint) error {
 			}
 		case kindTombstone:
 			s.unindexLocked(h.hash)
+			seg.tombs++
+			seg.tombBytes += tombLen(h)
 		}
 		seg.hints = append(seg.hints, h)
 	}
 	return nil
+}
+
+// tombLen is the record length of the tombstone h: its header's, or, in a
+// hint file of a version that did not keep it, a sector (most keys' size).
+func tombLen(h hint) int64 {
+	if h.hdrLen == 0 {
+		return sector
+	}
+	return int64(h.hdrLen)
 }
 
 // verifyData checks the data checksum of the record h at off.

@@ -19,11 +19,26 @@
 // The spill is a cache: when it reaches its capacity (or the device its free
 // space) it drops its oldest segment whole, and the objects in it with it (the
 // hot ones are in the arena anyway). A remove forgets the object and appends a
-// tombstone so that it stays removed after a restart; its bytes go with their
-// segment. New rebuilds the index by reading the record headers of every
-// segment, stopping a segment at its first bad record (a write torn by a crash)
-// and cutting it there; the data of the newest segment, the one a crash tears,
-// is verified as well, and every read verifies the rest.
+// tombstone, and returns once the tombstone is written, so that the object
+// stays removed after a restart; a record that fails its checks on a read is
+// dropped with a tombstone too. A segment whose live objects fall below
+// Config.CompactBelow of it is compacted (compact.go): its live objects, and
+// the tombstones that still shadow older records, are copied to the end of the
+// spill and its file is deleted, at a bounded rate. New rebuilds the index by
+// reading the record headers of every segment (or its hint file), oldest
+// first, a later record of a key overriding an earlier one, stopping a segment
+// at its first bad record (a write torn by a crash) and cutting it there; the
+// data of the newest segment, the one a crash tears, is verified as well, and
+// every read verifies the rest.
+//
+// What the index says and what New would rebuild from the files agree for
+// every key: the newest record of a key in file order (segment, offset) is its
+// live object, or a tombstone when it has none. Puts, removes, drops of
+// corrupt records and compaction's copies each place their record in the same
+// critical section that checks and changes the key's index entry, so that
+// file order is the order in which they change the index. A put is indexed
+// (pending, invisible to reads) when it places its record: a remove while it
+// copies its bytes in cancels it, with a tombstone after its record.
 package spill
 
 import (
@@ -35,6 +50,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
@@ -60,6 +76,19 @@ type Store struct {
 	freeBytes func() int64
 	// pwritev, when set, replaces the write of records in tests (faults).
 	pwritev func(fd int, iovs [][]byte, off int64) (int, error)
+	// hook, when set, is called at named points of puts, removes, reads and
+	// compaction, in tests: to hold one of them there, or to panic. Points
+	// whose name ends in "-locked" are called with s.mu held.
+	hook atomic.Pointer[func(point, key string)]
+	// poisoned: a call panicked (a bug). Calls fail from then on, and Close
+	// writes nothing more, since what the call held may never be released.
+	poisoned atomic.Bool
+
+	compactKick   chan struct{}      // a segment may have fallen below CompactBelow
+	compactCtx    context.Context    // ends when Close stops compaction
+	compactCancel context.CancelFunc // ends compactCtx
+	compactor     sync.WaitGroup     // the compactor goroutine
+	pacer         pacer              // compaction's bytes per second; used by the one compaction in flight
 
 	writer   sync.WaitGroup // the writer goroutine
 	inflight sync.WaitGroup // calls in flight
@@ -70,6 +99,7 @@ type Store struct {
 	cond     *sync.Cond // a buffer freed or copied, a write done, the queue grew, a context ended
 	closed   bool       // no new calls
 	stopping bool       // the writer ends once the queue is empty
+	abandon  bool       // the writer ends at once, writing nothing more
 	direct   bool       // O_DIRECT in use
 	idx      index      // off the Go heap; closed by Close
 	segs     []*segment // live segments, oldest first; the active one last
@@ -84,8 +114,16 @@ type Store struct {
 	used       int64 // bytes of every live segment, reserved ones included
 	unwritten  int64 // of those, bytes not yet written
 	liveBytes  int64 // data bytes of the indexed objects
+	liveRec    int64 // record bytes of the indexed objects, headers and padding included
 	devLimit   int64 // bytes on the device at the last statfs plus its free space
 	statfsUsed int64 // used at the last statfs
+	// bufWaiters counts puts and removes waiting for a write buffer, which
+	// compaction lets go first; commitWaiters, compaction waiting for a put
+	// to commit; pendingPuts, the objects indexed pending.
+	bufWaiters    int
+	commitWaiters int
+	pendingPuts   int
+	compacting    *segment // the segment being compacted, nil when none
 
 	st counters
 }
@@ -97,6 +135,17 @@ type entry struct {
 	off    int64
 	size   int64
 	format uint64
+	// pending: placed by a put that is still copying its bytes; not yet
+	// visible to reads and removes.
+	pending bool
+}
+
+// recLen is the length of e's record: its header, data and padding.
+func recLen(e entry) int64 {
+	if e.hdrLen == block { // written straight from the caller's memory
+		return roundUp(block+e.size, block)
+	}
+	return roundUp(int64(e.hdrLen)+e.size, sector)
 }
 
 // segment is one segment file.
@@ -118,6 +167,15 @@ type segment struct {
 	dropped bool
 	// broken: a write to it failed, and nothing more is appended to it.
 	broken bool
+	// liveRec is the record bytes of its indexed objects; tombs and tombBytes
+	// count its tombstones. Compaction looks at them.
+	liveRec   int64
+	tombs     int
+	tombBytes int64
+	// compacting: the compactor is copying it. noCompact: a record in it
+	// could not be read, and it goes only with age; compactFailed: its last
+	// compaction stopped short, and it waits for more of it to die.
+	compacting, noCompact, compactFailed bool
 	// hints are its records in index order, for its hint file, until that is
 	// written; hinted says it was queued for that (or needs none).
 	hints  []hint
@@ -143,6 +201,7 @@ type stageBuf struct {
 	copying int        // puts copying into it now: the writer waits for them
 	readers int        // gets copying out of it now: it is reused after them
 	keys    [][16]byte // object records in it, unindexed if its write fails
+	waiters []*flushWait
 }
 
 // New opens (or creates) the spill in cfg.Dir, rebuilds its index from the
@@ -203,6 +262,14 @@ func New(cfg Config) (*Store, error) {
 	s.dropOverLocked()
 	s.writer.Add(1)
 	go s.write()
+	s.compactCtx, s.compactCancel = context.WithCancel(context.Background())
+	s.pacer.rate = cfg.CompactBytesPerSec
+	if cfg.CompactBelow > 0 {
+		s.compactKick = make(chan struct{}, 1)
+		s.compactor.Add(1)
+		go s.compactLoop()
+		s.compactKick <- struct{}{} // the segments found at start-up
+	}
 	return s, nil
 }
 
@@ -210,33 +277,72 @@ func New(cfg Config) (*Store, error) {
 func (s *Store) Dir() string { return s.dir }
 
 // Close writes the records still buffered, waits for the calls in flight and
-// closes the segment files. Later calls fail with storage.ErrClosed.
+// closes the segment files. Later calls fail with storage.ErrClosed. After a
+// call panicked (a bug), Close writes nothing more, returns an error, and
+// what was buffered is lost as in a crash.
 func (s *Store) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if !s.markClosed() {
 		return nil
 	}
-	s.closed = true
-	s.mu.Unlock()
 	s.inflight.Wait()
-	s.mu.Lock()
-	s.sealLocked()
-	s.stopping = true
-	s.cond.Broadcast()
-	s.mu.Unlock()
+	s.stopCompaction()
+	lost := s.stopWriter(s.poisoned.Load())
 	s.writer.Wait()
 	s.closeSegments()
-	s.mu.Lock()
-	s.idx.close() // no call is in flight, and the writer is gone
-	s.mu.Unlock()
+	s.closeIndex()
 	var err error
 	if s.mapped != nil {
 		err = unix.Munmap(s.mapped)
 		s.mapped = nil
 	}
 	_ = unix.Close(s.lock) // releases the directory
+	if s.poisoned.Load() {
+		err = errors.Join(err, fmt.Errorf("spill %s: a call panicked (a bug: see the log); closed without writing the %d bytes still buffered, which are lost: %w",
+			s.dir, lost, storage.ErrIO))
+	}
 	return err
+}
+
+// markClosed refuses new calls, and reports whether s was open.
+func (s *Store) markClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.closed = true
+	return true
+}
+
+// stopWriter tells the writer to end: after writing what is buffered, or,
+// with abandon, at once. It returns the bytes left unwritten by abandoning.
+func (s *Store) stopWriter(abandon bool) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if abandon {
+		s.abandon = true
+	} else {
+		s.sealLocked()
+	}
+	s.stopping = true
+	s.cond.Broadcast()
+	return s.unwritten
+}
+
+// stopCompaction ends the compaction in flight, if any, at its next step,
+// and the compactor goroutine.
+func (s *Store) stopCompaction() {
+	s.mu.Lock()
+	s.compactCancel()
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	s.compactor.Wait()
+}
+
+func (s *Store) closeIndex() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.idx.close() // no call is in flight, and the writer is gone
 }
 
 // lockName is the file a spill holds locked (flock) while it is open.
@@ -277,18 +383,92 @@ func (s *Store) closeSegments() {
 	}
 }
 
-// begin admits a call; the caller calls s.inflight.Done when it ends.
+// begin admits a call; the caller defers s.end.
 func (s *Store) begin(op, key string) error {
+	if err := checkKey(op, key); err != nil {
+		return err
+	}
+	return s.admit(op, key)
+}
+
+func checkKey(op, key string) error {
 	if key == "" || len(key) > maxKey {
 		return fmt.Errorf("spill: %s: key of %d bytes: want 1 to %d: %w", op, len(key), maxKey, storage.ErrBatch)
 	}
+	return nil
+}
+
+// admit counts a call in flight, unless the spill is closed or unusable.
+func (s *Store) admit(op, what string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("spill %s: %s %s: %w", s.dir, op, key, storage.ErrClosed)
+		return fmt.Errorf("spill %s: %s %s: %w", s.dir, op, what, storage.ErrClosed)
+	}
+	if s.poisoned.Load() {
+		return errPoisoned(s.dir, op)
 	}
 	s.inflight.Add(1)
 	return nil
+}
+
+func errPoisoned(dir, op string) error {
+	return fmt.Errorf("spill %s: %s: an earlier call panicked (a bug: see the log), and the spill is unusable until the service restarts: %w", dir, op, storage.ErrIO)
+}
+
+// end ends a call that begin admitted. A call that panics leaves the spill
+// poisoned: what it held (a write buffer being filled, an index entry) may
+// never be released, so later calls fail fast and Close does not wait for
+// it. Every critical section defers its unlock, so the mutex is free again by
+// then.
+func (s *Store) end() {
+	if r := recover(); r != nil {
+		s.poisoned.Store(true)
+		s.log.Error("spill: a call panicked; the spill refuses calls until the service restarts", "dir", s.dir, "panic", r)
+		go s.wake() // waits that check poisoned; the lock may be contended
+		s.inflight.Done()
+		panic(r)
+	}
+	s.inflight.Done()
+}
+
+// locked runs fn with s.mu held.
+func (s *Store) locked(fn func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fn()
+}
+
+// wake wakes everyone waiting on s.cond.
+func (s *Store) wake() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cond.Broadcast()
+}
+
+// usableLocked is the error of a wait that must end: the caller's context
+// ended, or the spill is poisoned or abandoned.
+func (s *Store) usableLocked(ctx context.Context, op string) error {
+	if err := ctx.Err(); err != nil {
+		return ctxError(op, err)
+	}
+	if s.poisoned.Load() || s.abandon {
+		return errPoisoned(s.dir, op)
+	}
+	return nil
+}
+
+// testHook calls the test hook at point, if one is set.
+func (s *Store) testHook(point, key string) {
+	if h := s.hook.Load(); h != nil {
+		(*h)(point, key)
+	}
+}
+
+// wakeOnDone wakes the waits on s.cond when ctx ends; the caller calls the
+// returned stop.
+func (s *Store) wakeOnDone(ctx context.Context) (stop func() bool) {
+	return context.AfterFunc(ctx, s.wake)
 }
 
 // hashKey names key in the index. Two keys of one hash are the one risk of a
@@ -316,10 +496,8 @@ func (s *Store) ObjectSize(ctx context.Context, key string, format storage.Forma
 	if err := s.begin("stat", key); err != nil {
 		return 0, err
 	}
-	defer s.inflight.Done()
-	s.mu.Lock()
-	e, ok := s.idx.get(hashKey(key))
-	s.mu.Unlock()
+	defer s.end()
+	e, ok := s.lookup(hashKey(key))
 	switch {
 	case !ok:
 		return 0, fmt.Errorf("spill: object %s: %w", key, storage.ErrNotFound)
@@ -329,60 +507,165 @@ func (s *Store) ObjectSize(ctx context.Context, key string, format storage.Forma
 	return e.size, nil
 }
 
-// RemoveObject forgets key's object and reports whether there was one. It
-// appends a tombstone, so that the object stays removed after a restart; its
-// bytes are reclaimed with its segment.
+// lookup returns h's indexed object; one still being put is not there yet.
+func (s *Store) lookup(h [16]byte) (entry, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.idx.get(h)
+	return e, ok && !e.pending
+}
+
+// RemoveObject forgets key's object and reports whether there was one: the
+// one-key RemoveObjects.
 func (s *Store) RemoveObject(ctx context.Context, key string) (bool, error) {
-	if err := ctx.Err(); err != nil {
-		return false, ctxError("remove", err)
-	}
-	if err := s.begin("remove", key); err != nil {
+	had, err := s.RemoveObjects(ctx, []string{key})
+	if len(had) == 0 {
 		return false, err
 	}
-	defer s.inflight.Done()
-	h := hashKey(key)
-	s.mu.Lock()
-	if s.idx.find(h) == 0 {
-		s.mu.Unlock()
-		return false, nil
+	return had[0], err
+}
+
+// RemoveObjects forgets the objects of keys and reports, key by key, whether
+// there was one. For each it appends a tombstone, and it returns once every
+// tombstone it appended is written to its segment file (one write of the
+// current write buffer for the whole batch, with the pwrite the writer uses,
+// O_DIRECT where the filesystem takes it): the objects stay removed after the
+// service is killed, even with SIGKILL, though not necessarily after a power
+// loss (there is no fsync).
+//
+// An object that a put is still copying in (placed, not yet readable: in the
+// node service, an object being evicted from the arena) is removed too: the
+// remove's tombstone follows the put's record, and the put returns success
+// with its object removed, after a restart too. A put placed after the
+// remove's tombstone stores the key again.
+//
+// Where a tombstone cannot be written (the device is full or failing, or ctx
+// ends first), the object is forgotten all the same, so that no read serves
+// it, and the error, which wraps ErrRemoveNotDurable and the cause, says it
+// may be back after a restart.
+func (s *Store) RemoveObjects(ctx context.Context, keys []string) ([]bool, error) {
+	had := make([]bool, len(keys))
+	if err := ctx.Err(); err != nil {
+		return had, ctxError("remove", err)
 	}
-	s.mu.Unlock()
-	had, err := s.stage(ctx, kindTombstone, key, h, 0, nil)
-	if err != nil {
-		// Forgotten all the same: only a restart could bring it back.
-		s.mu.Lock()
-		if s.unindexLocked(h) {
-			had = true
+	for _, k := range keys {
+		if err := checkKey("remove", k); err != nil {
+			return had, err
 		}
-		s.mu.Unlock()
-		s.log.Warn("spill: the tombstone of a removed object could not be written; it is removed, but may be back after a restart",
-			"key", key, "err", err)
 	}
-	if had {
-		s.st.removed.Add(1)
+	if len(keys) == 0 {
+		return had, nil
+	}
+	if err := s.admit("remove", fmt.Sprintf("of %d keys", len(keys))); err != nil {
+		return had, err
+	}
+	defer s.end()
+	defer s.wakeOnDone(ctx)()
+	w := &flushWait{}
+	var firstErr error
+	failed, removed := 0, 0
+	decide := func(_ entry, ok bool) tombAction {
+		if ok {
+			return tombPlace
+		}
+		return tombSkip
+	}
+	for i, k := range keys {
+		h := hashKey(k)
+		_, forgot, err := s.stageTombstone(ctx, k, h, 0, w, decide, true)
+		if err != nil {
+			// Forgotten all the same: only a restart could bring it back.
+			forgot = s.forget(h, nil)
+			if forgot {
+				failed++
+				if firstErr == nil {
+					firstErr = err
+				}
+			}
+		}
+		had[i] = forgot
+		if forgot {
+			removed++
+		}
+	}
+	if err := s.waitWritten(ctx, w, "remove"); err != nil && firstErr == nil {
+		firstErr, failed = err, removed
+	}
+	s.st.removed.Add(int64(removed))
+	if firstErr != nil {
+		s.st.removesNotDurable.Add(int64(failed))
+		s.log.Warn("spill: tombstones of removed objects could not be written; they are removed, but may be back after a restart",
+			"dir", s.dir, "objects", failed, "err", firstErr)
+		return had, fmt.Errorf("spill %s: remove: the tombstones of up to %d of %d removed objects may not be written (%w): %w; "+
+			"they are removed, but may be back after a restart: remove them again once the device has room or works", s.dir, failed, removed, firstErr, ErrRemoveNotDurable)
 	}
 	return had, nil
 }
 
-// unindexLocked forgets h and reports whether it was indexed.
+// forget forgets h's object, or (without want) cancels the put storing it,
+// when it is (still) want, and reports whether it did.
+func (s *Store) forget(h [16]byte, want *entry) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.idx.get(h)
+	if !ok || want != nil && e != *want {
+		return false
+	}
+	return s.forgetLocked(h, e)
+}
+
+// forgetLocked forgets h, whose entry is e: it unindexes an object, and
+// cancels a put still copying (its commit then finds it gone).
+func (s *Store) forgetLocked(h [16]byte, e entry) bool {
+	if !e.pending {
+		return s.unindexLocked(h)
+	}
+	s.idx.abort(s.idx.find(h))
+	s.pendingPuts--
+	return true
+}
+
+// unindexLocked forgets h, an object (not a pending one), and reports
+// whether it was indexed.
 func (s *Store) unindexLocked(h [16]byte) bool {
 	e, ok := s.idx.remove(h)
 	if ok {
-		s.liveBytes -= e.size
+		s.deadLocked(e)
 	}
 	return ok
 }
 
 // indexLocked records e, a record in seg, for h, replacing an older entry.
 func (s *Store) indexLocked(seg *segment, h [16]byte, e entry) error {
-	old, replaced, err := s.idx.add(&seg.head, h, e)
+	_, old, replaced, err := s.idx.add(&seg.head, h, e)
 	if replaced {
-		s.liveBytes -= old.size
+		s.deadLocked(old)
 	}
 	if err == nil {
-		s.liveBytes += e.size
+		s.liveLocked(seg, e)
 	}
 	return err
+}
+
+// liveLocked counts e, a record in seg, as a live object.
+func (s *Store) liveLocked(seg *segment, e entry) {
+	n := recLen(e)
+	seg.liveRec += n
+	s.liveRec += n
+	s.liveBytes += e.size
+}
+
+// deadLocked counts e as dead, and wakes the compactor when e's segment fell
+// below CompactBelow.
+func (s *Store) deadLocked(e entry) {
+	n := recLen(e)
+	s.liveRec -= n
+	s.liveBytes -= e.size
+	if seg := s.byID[e.seg]; seg != nil {
+		seg.liveRec -= n
+		seg.compactFailed = false
+		s.kickLocked(seg)
+	}
 }
 
 // ctxError is the error of a call whose context ended.

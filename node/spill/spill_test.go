@@ -262,7 +262,8 @@ func TestCorruptRecord(t *testing.T) {
 	cfg := testConfig(dir)
 	cfg.SegmentBytes = 64 << 20
 	s := open(t, cfg)
-	put(t, s, "big", data(300_000, 50)) // a direct record
+	put(t, s, "big", data(300_000, 50)) // direct records
+	put(t, s, "big2", data(300_000, 51))
 	for i := 0; i < 6; i++ {
 		put(t, s, fmt.Sprintf("k%d", i), data(20_000, i))
 	}
@@ -286,9 +287,10 @@ func TestCorruptRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b[findRecord(t, b, "big")+block+200_000] ^= 1 // data
-	b[findRecord(t, b, "k1")+sector+123] ^= 1     // data
-	b[findRecord(t, b, "k4")+20] ^= 1             // header: the segment ends there
+	b[findRecord(t, b, "big")+block+200_000] ^= 1  // data
+	b[findRecord(t, b, "big2")+block+100_000] ^= 1 // data
+	b[findRecord(t, b, "k1")+sector+123] ^= 1      // data
+	b[findRecord(t, b, "k4")+20] ^= 1              // header: the segment ends there
 	if err := os.WriteFile(seg, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -307,19 +309,16 @@ func TestCorruptRecord(t *testing.T) {
 	if st := s.Stats(); st.TornTails != 1 || st.CorruptRemoved != 1 {
 		t.Fatalf("stats %+v", st)
 	}
-	// Read straight into aligned memory, and (after a restart indexes it
-	// again) through the window.
-	for i, dst := range [][]byte{alignedBytes(300_000), alignedBytes(300_001)[1:]} {
-		if i > 0 {
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
-			s = open(t, cfg)
+	// A damaged direct record read straight into aligned memory, and one
+	// read through the window.
+	for _, c := range []struct {
+		key string
+		dst []byte
+	}{{"big", alignedBytes(300_000)}, {"big2", alignedBytes(300_001)[1:]}} {
+		if err := s.GetObject(bg, c.key, 7, c.dst); !errors.Is(err, storage.ErrCorrupt) {
+			t.Fatalf("get of damaged direct record %s: %v, want corrupt", c.key, err)
 		}
-		if err := s.GetObject(bg, "big", 7, dst); !errors.Is(err, storage.ErrCorrupt) {
-			t.Fatalf("get of a damaged direct record: %v, want corrupt", err)
-		}
-		mustMiss(t, s, "big", 300_000)
+		mustMiss(t, s, c.key, 300_000)
 	}
 }
 

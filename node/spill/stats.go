@@ -11,17 +11,23 @@ import (
 type Stats struct {
 	// Bytes is what the segment files take, records being written included;
 	// Files is how many there are, Objects the objects they hold and
-	// LiveBytes those objects' bytes (the rest is removed objects, overwritten
-	// records, headers and padding, reclaimed when their segment goes).
+	// LiveBytes those objects' bytes. DeadBytes is the part of Bytes that
+	// holds no live object (removed, dropped and moved objects, tombstones,
+	// padding): compaction reclaims it, or it goes with its segment.
 	Bytes     int64 `json:"bytes"`
 	Files     int64 `json:"files"`
 	Objects   int64 `json:"objects"`
 	LiveBytes int64 `json:"liveBytes"`
-	// CapacityBytes is the configured bound on Bytes, SegmentBytes the size a
-	// segment grows to, BufferedBytes the bytes staged and not yet written.
-	CapacityBytes int64 `json:"capacityBytes"`
-	SegmentBytes  int64 `json:"segmentBytes"`
-	BufferedBytes int64 `json:"bufferedBytes"`
+	DeadBytes int64 `json:"deadBytes"`
+	// CapacityBytes is the bound on Bytes in force: the smaller of the
+	// configured one (ConfiguredCapacityBytes, --spill-capacity) and the
+	// device's free space plus what the spill's files take. SegmentBytes is
+	// the size a segment grows to, BufferedBytes the bytes staged and not yet
+	// written.
+	CapacityBytes           int64 `json:"capacityBytes"`
+	ConfiguredCapacityBytes int64 `json:"configuredCapacityBytes"`
+	SegmentBytes            int64 `json:"segmentBytes"`
+	BufferedBytes           int64 `json:"bufferedBytes"`
 	// IndexBytes is the memory the index has mapped (outside the Go heap):
 	// about 60-70 bytes an object.
 	IndexBytes int64 `json:"indexBytes"`
@@ -43,11 +49,22 @@ type Stats struct {
 	// FormatConflicts, those whose key it held in another format.
 	WritesSkipped   int64 `json:"writesSkipped"`
 	FormatConflicts int64 `json:"formatConflicts"`
-	// Removed counts objects removed.
-	Removed int64 `json:"removed"`
-	// CorruptRemoved counts records that failed a check on read and were
-	// dropped.
+	// Removed counts objects removed; RemovesNotDurable, those of them whose
+	// tombstone may not have been written (they may be back after a restart).
+	Removed           int64 `json:"removed"`
+	RemovesNotDurable int64 `json:"removesNotDurable"`
+	// CorruptRemoved counts records that failed a check on read (or could not
+	// be read) and were dropped; CorruptDropped, those of them dropped for
+	// good with a tombstone (the rest are read again after a restart).
 	CorruptRemoved int64 `json:"corruptRemoved"`
+	CorruptDropped int64 `json:"corruptDropped"`
+	// Compactions counts segments compacted (their live records copied to the
+	// end of the spill, their file deleted), CompactedBytes those segments'
+	// bytes and CompactCopiedBytes the bytes copied: CompactedBytes minus
+	// CompactCopiedBytes is the space compaction gave back.
+	Compactions        int64 `json:"compactions"`
+	CompactedBytes     int64 `json:"compactedBytes"`
+	CompactCopiedBytes int64 `json:"compactCopiedBytes"`
 	// Evictions counts objects dropped with their segment to stay under the
 	// capacity, SegmentsDropped the segments.
 	Evictions       int64 `json:"evictions"`
@@ -80,25 +97,15 @@ type counters struct {
 	evictions, segmentsDropped, noSpaceRetries atomic.Int64
 	writeErrors, lost, recovered, tornTails    atomic.Int64
 	hintsRead, hintsWritten                    atomic.Int64
+	corruptDropped, removesNotDurable          atomic.Int64
+	compactions, compacted, compactCopied      atomic.Int64
 	faults                                     storage.FaultCounts
 }
 
 // Stats returns the spill's state. It is safe to call at any time, also
 // after Close.
 func (s *Store) Stats() Stats {
-	s.mu.Lock()
-	st := Stats{
-		Bytes:         s.used,
-		Files:         int64(len(s.segs)),
-		Objects:       int64(s.idx.n),
-		IndexBytes:    s.idx.bytes(),
-		LiveBytes:     s.liveBytes,
-		CapacityBytes: s.cfg.CapacityBytes,
-		SegmentBytes:  s.segBytes,
-		BufferedBytes: s.unwritten,
-		DirectIO:      s.direct,
-	}
-	s.mu.Unlock()
+	st := s.snapshot()
 	c := &s.st
 	st.Reads, st.ReadBytes, st.BufferReads, st.Misses = c.reads.Load(), c.readBytes.Load(), c.bufferReads.Load(), c.misses.Load()
 	st.Writes, st.WriteBytes, st.DirectWrites, st.Flushes = c.writes.Load(), c.writeBytes.Load(), c.directWrites.Load(), c.flushes.Load()
@@ -106,6 +113,29 @@ func (s *Store) Stats() Stats {
 	st.Evictions, st.SegmentsDropped, st.NoSpaceRetries = c.evictions.Load(), c.segmentsDropped.Load(), c.noSpaceRetries.Load()
 	st.WriteErrors, st.LostObjects, st.Recovered, st.TornTails = c.writeErrors.Load(), c.lost.Load(), c.recovered.Load(), c.tornTails.Load()
 	st.HintsRead, st.HintsWritten = c.hintsRead.Load(), c.hintsWritten.Load()
+	st.CorruptDropped, st.RemovesNotDurable = c.corruptDropped.Load(), c.removesNotDurable.Load()
+	st.Compactions, st.CompactedBytes, st.CompactCopiedBytes = c.compactions.Load(), c.compacted.Load(), c.compactCopied.Load()
 	st.Faults = c.faults.All()
 	return st
+}
+
+// snapshot is the part of Stats that s.mu guards. It looks at the device's
+// free space again, so that CapacityBytes is the bound in force now.
+func (s *Store) snapshot() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refreshLimitLocked()
+	return Stats{
+		Bytes:                   s.used,
+		Files:                   int64(len(s.segs)),
+		Objects:                 int64(s.idx.n - s.pendingPuts),
+		IndexBytes:              s.idx.bytes(),
+		LiveBytes:               s.liveBytes,
+		DeadBytes:               s.used - s.liveRec,
+		CapacityBytes:           s.limitLocked(),
+		ConfiguredCapacityBytes: s.cfg.CapacityBytes,
+		SegmentBytes:            s.segBytes,
+		BufferedBytes:           s.unwritten,
+		DirectIO:                s.direct,
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -16,10 +17,12 @@ import (
 )
 
 // PutObject stores the concatenation of runs as key's object in format,
-// write-once: when the spill holds key already (in any format) nothing is
-// written and the put is a success. The bytes are copied into a write buffer
-// (or, for an object larger than one, written) before it returns: the caller
-// may reuse runs at once, and a get finds the object from then on.
+// write-once: when the spill holds key already (in any format), or another
+// put of it is storing it now, nothing is written and the put is a success.
+// The bytes are copied into a write buffer (or, for an object larger than
+// one, written) before it returns: the caller may reuse runs at once, and a
+// get finds the object from then on. Puts are not durable by themselves: a
+// crash loses what was staged and not yet written.
 func (s *Store) PutObject(ctx context.Context, key string, format storage.Format, runs ...[]byte) error {
 	size := runsLen(runs)
 	if size == 0 || size > maxData {
@@ -31,120 +34,128 @@ func (s *Store) PutObject(ctx context.Context, key string, format storage.Format
 	if err := s.begin("put", key); err != nil {
 		return err
 	}
-	defer s.inflight.Done()
-	_, err := s.stage(ctx, kindObject, key, hashKey(key), uint64(format), runs)
+	defer s.end()
+	defer s.wakeOnDone(ctx)()
+	err := s.putObject(ctx, key, hashKey(key), uint64(format), runs)
 	s.st.faults.Add(err)
 	return err
 }
 
-// placement is where stage put a record.
+// placement is where a record was placed.
 type placement struct {
 	seg    *segment
 	off    int64
 	hdrLen int64
 	rec    int64
 	buf    *stageBuf // nil: written straight from the caller's memory
+	idx    uint32    // a put's pending index record; 0 when none
 }
 
-// stage appends a record: an object (runs) or a tombstone. For an object it
-// reports false, without writing, when the index holds h already; for a
-// tombstone it forgets h and reports whether it was there.
-func (s *Store) stage(ctx context.Context, kind uint8, key string, h [16]byte, format uint64, runs [][]byte) (bool, error) {
+// putObject stores an object (PutObject). Its index entry is added pending
+// in the critical section that places its record and committed once the
+// bytes are copied: until then a read misses it and another put of the key
+// is skipped, and a remove cancels it (the remove's tombstone comes after the
+// record; the put then succeeds with its object removed).
+func (s *Store) putObject(ctx context.Context, key string, h [16]byte, format uint64, runs [][]byte) (err error) {
 	size := runsLen(runs)
-	stop := context.AfterFunc(ctx, func() {
-		s.mu.Lock()
-		s.cond.Broadcast()
-		s.mu.Unlock()
-	})
-	defer stop()
+	p, err := s.placeObject(ctx, key, h, format, size)
+	if p.seg == nil {
+		return err // skipped, or nothing placed
+	}
+	done := false
+	defer func() { err = s.finishObject(p, h, key, size, format, done, err) }()
+	if err != nil {
+		// Placed, but the index refused it: the record becomes padding.
+		s.padRecord(p)
+		return err
+	}
+	s.testHook("put-copy", key)
+	hd := header{kind: kindObject, hdrLen: p.hdrLen, segment: p.seg.id, recLen: p.rec, dataLen: size, format: format, key: key, dataSum: sumRuns(runs)}
+	if p.buf != nil {
+		p.fill(hd, runs)
+	} else if err := s.writeDirect(p, hd, runs); err != nil {
+		return err
+	}
+	done = true
+	return nil
+}
+
+// placeObject places the record of a put and indexes it pending. A zero
+// placement is a put with nothing to write (the key is held or being put) or
+// one that failed; a placement with an error is one the index refused.
+func (s *Store) placeObject(ctx context.Context, key string, h [16]byte, format uint64, size int64) (placement, error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	var p placement
-	had := false
 	for {
-		if err := ctx.Err(); err != nil {
-			s.mu.Unlock()
-			return false, ctxError("put", err)
+		if err := s.usableLocked(ctx, "put"); err != nil {
+			return placement{}, err
 		}
-		e, ok := s.idx.get(h)
-		if kind == kindObject && ok {
+		if e, ok := s.idx.get(h); ok {
 			if e.format != format {
 				s.st.conflicts.Add(1)
 			} else {
 				s.st.skipped.Add(1)
 			}
-			s.mu.Unlock()
-			return false, nil
-		}
-		if kind == kindTombstone && !ok {
-			s.mu.Unlock()
-			return false, nil
+			return placement{}, nil
 		}
 		var wait bool
 		var err error
 		p, wait, err = s.placeLocked(key, size)
 		if err != nil {
-			s.mu.Unlock()
-			return false, err
+			return placement{}, err
 		}
 		if !wait {
-			if kind == kindTombstone {
-				s.unindexLocked(h)
-				p.seg.hints = append(p.seg.hints, hint{kind: kindTombstone, hash: h})
-				had = true
-			}
 			break
 		}
+		s.bufWaiters++
 		s.cond.Wait()
+		s.bufWaiters--
 	}
-	s.mu.Unlock()
+	s.testHook("put-placed-locked", key)
+	i, _, _, err := s.idx.add(&p.seg.head, h, entry{seg: p.seg.id, hdrLen: uint32(p.hdrLen), off: p.off, size: size, format: format, pending: true})
+	if err != nil {
+		return p, err
+	}
+	p.idx = i
+	s.pendingPuts++
+	return p, nil
+}
 
-	hd := header{kind: kind, hdrLen: p.hdrLen, segment: p.seg.id, recLen: p.rec, dataLen: size, format: format, key: key}
-	if size > 0 {
-		hd.dataSum = sumRuns(runs)
-	}
-	var err error
-	if p.buf != nil {
-		// The buffer's bytes at [off, off+rec) are this put's alone until it
-		// says it is done copying.
-		at := p.off - p.buf.start
-		dst := p.buf.mem[at : at+p.rec]
-		hd.encode(dst)
-		n := p.hdrLen
-		for _, r := range runs {
-			n += int64(copy(dst[n:], r))
-		}
-		clear(dst[n:])
-	} else {
-		err = s.writeDirect(p, hd, runs)
-	}
-
+// finishObject ends a put that placed p: it releases the buffer or the
+// segment and commits the object when its bytes are in (done), or forgets it.
+// It runs deferred, so that a put that panicked releases what it held.
+func (s *Store) finishObject(p placement, h [16]byte, key string, size int64, format uint64, done bool, err error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p.buf != nil {
-		if p.buf.copying--; p.buf.copying == 0 {
-			s.cond.Broadcast()
+	s.endCopyLocked(p)
+	if p.idx == 0 {
+		return err // the index refused it; it is padding
+	}
+	if !s.idx.isPending(p.idx) {
+		// A remove cancelled it meanwhile: the put is done, and its object
+		// removed (its tombstone follows the record).
+		if done {
+			s.st.writes.Add(1)
+			s.st.writeBytes.Add(size)
 		}
-	} else {
-		s.doneWriteLocked(p.seg, p.rec)
+		return err
 	}
-	if err != nil {
-		s.st.writeErrors.Add(1)
-		return false, err
+	s.pendingPuts--
+	if !done {
+		s.idx.abort(p.idx)
+		if err != nil {
+			s.st.writeErrors.Add(1)
+		}
+		return err
 	}
-	if kind != kindObject {
-		return had, nil
+	s.testHook("put-commit-locked", key)
+	s.idx.commit(p.idx)
+	if s.commitWaiters > 0 {
+		s.cond.Broadcast()
 	}
 	e := entry{seg: p.seg.id, hdrLen: uint32(p.hdrLen), off: p.off, size: size, format: format}
-	if s.idx.find(h) != 0 || p.seg.dropped {
-		// Another put of the key won the race, or the segment went meanwhile:
-		// this record is dead bytes.
-		s.st.skipped.Add(1)
-		return false, nil
-	}
-	if err := s.indexLocked(p.seg, h, e); err != nil {
-		// Written, but never to be found: dead bytes.
-		return false, err
-	}
+	s.liveLocked(p.seg, e)
 	p.seg.hints = append(p.seg.hints, hint{kind: kindObject, hdrLen: e.hdrLen, off: e.off, size: e.size, format: e.format, hash: h})
 	if p.buf != nil {
 		p.buf.keys = append(p.buf.keys, h)
@@ -153,7 +164,178 @@ func (s *Store) stage(ctx context.Context, kind uint8, key string, h [16]byte, f
 	}
 	s.st.writes.Add(1)
 	s.st.writeBytes.Add(size)
-	return true, nil
+	return nil
+}
+
+// endCopyLocked ends the copy into p: the buffer may be written once every
+// copy into it ended; a direct record's write is done.
+func (s *Store) endCopyLocked(p placement) {
+	if p.buf != nil {
+		if p.buf.copying--; p.buf.copying == 0 {
+			s.cond.Broadcast()
+		}
+		return
+	}
+	s.doneWriteLocked(p.seg, p.rec)
+}
+
+// fill copies a record, hd and runs, into its place in a write buffer: the
+// buffer's bytes there are the placer's alone until it releases them.
+func (p placement) fill(hd header, runs [][]byte) {
+	at := p.off - p.buf.start
+	dst := p.buf.mem[at : at+p.rec]
+	hd.encode(dst)
+	n := p.hdrLen
+	for _, r := range runs {
+		n += int64(copy(dst[n:], r))
+	}
+	clear(dst[n:])
+}
+
+// padRecord makes the placed record p a padding record, for a put that
+// placed a record and then could not go on: a hole would end the segment at
+// the next start.
+func (s *Store) padRecord(p placement) {
+	hd := header{kind: kindPad, hdrLen: sector, segment: p.seg.id, recLen: p.rec}
+	if p.buf != nil {
+		p.fill(hd, nil)
+		return
+	}
+	sc := s.getScratch(min(p.rec, directChunk))
+	defer s.putScratch(sc)
+	buf := *sc
+	clear(buf)
+	hd.encode(buf)
+	for off := int64(0); off < p.rec; {
+		n := min(int64(len(buf)), p.rec-off)
+		if err := s.writeRetry(p.seg, [][]byte{buf[:n]}, p.off+off); err != nil {
+			s.log.Warn("spill: cannot pad a record that could not be indexed; the segment ends there at the next start", "segment", p.seg.path, "err", err)
+			return
+		}
+		if off == 0 {
+			clear(buf[:sector])
+		}
+		off += n
+	}
+}
+
+// tombAction is what stageTombstone does for a key, given its index entry.
+type tombAction uint8
+
+const (
+	tombSkip  tombAction = iota // no tombstone
+	tombPlace                   // place one now
+	tombWait                    // wait (for the key's newest record to be written, or for puts to go first), then ask again
+)
+
+// stageTombstone appends a tombstone of key when decide, given h's index
+// entry, says so; with forget it also unindexes that entry, in the critical
+// section that places the tombstone, so that no put of the key can be placed
+// between the two. origin is the segment of the remove whose tombstone
+// compaction carries forward, 0 for a new remove. A tombstone is registered
+// with w, when given, so that the caller can wait for it to be written. The
+// caller has the spill wake its waits when ctx ends (wakeOnDone). It reports
+// whether it placed a tombstone and whether it forgot an object.
+func (s *Store) stageTombstone(ctx context.Context, key string, h [16]byte, origin uint32, w *flushWait,
+	decide func(e entry, ok bool) tombAction, forget bool) (placed, forgot bool, err error) {
+	p, forgot, err := s.placeTombstone(ctx, key, h, origin, w, decide, forget)
+	if err != nil || p.seg == nil {
+		return false, forgot, err
+	}
+	defer s.release(p)
+	s.testHook("remove-copy", key)
+	p.fill(header{kind: kindTombstone, hdrLen: p.hdrLen, segment: p.seg.id, recLen: p.rec, format: uint64(origin), key: key}, nil)
+	return true, forgot, nil
+}
+
+func (s *Store) placeTombstone(ctx context.Context, key string, h [16]byte, origin uint32, w *flushWait,
+	decide func(e entry, ok bool) tombAction, forget bool) (placement, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		if err := s.usableLocked(ctx, "remove"); err != nil {
+			return placement{}, false, err
+		}
+		e, ok := s.idx.get(h)
+		switch decide(e, ok) {
+		case tombSkip:
+			return placement{}, false, nil
+		case tombWait:
+			if b := s.cur; ok && b != nil && s.bufferOfLocked(e) == b {
+				s.sealLocked()
+			}
+			s.commitWaiters++
+			s.cond.Wait()
+			s.commitWaiters--
+			continue
+		}
+		p, wait, err := s.placeLocked(key, 0)
+		if err != nil {
+			return placement{}, false, err
+		}
+		if wait {
+			if forget { // a remove or a drop, not compaction
+				s.bufWaiters++
+			}
+			s.cond.Wait()
+			if forget {
+				s.bufWaiters--
+			}
+			continue
+		}
+		forgot := false
+		if forget && ok {
+			forgot = s.forgetLocked(h, e)
+		}
+		p.seg.hints = append(p.seg.hints, hint{kind: kindTombstone, hdrLen: uint32(p.hdrLen), off: p.off, format: uint64(origin), hash: h})
+		p.seg.tombs++
+		p.seg.tombBytes += p.rec
+		if w != nil {
+			w.add(p.buf) // a tombstone always fits a buffer
+		}
+		return p, forgot, nil
+	}
+}
+
+// release ends the copy into p.
+func (s *Store) release(p placement) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.endCopyLocked(p)
+}
+
+// flushWait follows the write buffers that a batch of records (a remove's
+// tombstones, a compaction's copies) was staged in, until each is written.
+type flushWait struct {
+	bufs int   // buffers not yet written
+	err  error // the first failed write of one
+}
+
+// add registers w with b, once per fill of b.
+func (w *flushWait) add(b *stageBuf) {
+	if n := len(b.waiters); n > 0 && b.waiters[n-1] == w {
+		return
+	}
+	b.waiters = append(b.waiters, w)
+	w.bufs++
+}
+
+// waitWritten seals the current buffer if w has records in it and waits
+// until every buffer of w is written: one seal and one wait for a batch. It
+// returns the first failed write, or why the wait ended first.
+func (s *Store) waitWritten(ctx context.Context, w *flushWait, op string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for w.bufs > 0 {
+		if b := s.cur; b != nil && slices.Contains(b.waiters, w) {
+			s.sealLocked()
+		}
+		if err := s.usableLocked(ctx, op); err != nil {
+			return err
+		}
+		s.cond.Wait()
+	}
+	return w.err
 }
 
 func sumRuns(runs [][]byte) uint64 {
@@ -268,10 +450,12 @@ func (s *Store) rotateLocked() error {
 	seg := &segment{id: id, path: path, fd: fd}
 	s.segs = append(s.segs, seg)
 	s.byID[id] = seg
-	if old := s.active; old != nil && old.pending == 0 {
-		s.hintLocked(old)
-	}
+	old := s.active
 	s.active = seg
+	if old != nil && old.pending == 0 {
+		s.hintLocked(old)
+		s.kickLocked(old)
+	}
 	return nil
 }
 
@@ -329,14 +513,24 @@ func (s *Store) dropOldestLocked() bool {
 	if seg == s.active || seg.pending > 0 {
 		return false
 	}
-	s.segs = s.segs[1:]
-	delete(s.byID, seg.id)
-	n, bytes := s.idx.dropSegment(seg.head)
-	seg.head = 0
-	s.liveBytes -= bytes
-	s.used -= seg.size
+	n, _ := s.removeSegmentLocked(seg)
 	s.st.evictions.Add(n)
 	s.st.segmentsDropped.Add(1)
+	return true
+}
+
+// removeSegmentLocked takes seg out of the spill: its objects out of the
+// index, its file and hint file off the disk. Its fd is closed once the reads
+// on it end. It returns the objects and data bytes that were live in it.
+func (s *Store) removeSegmentLocked(seg *segment) (objects, bytes int64) {
+	s.segs = slices.DeleteFunc(s.segs, func(x *segment) bool { return x == seg })
+	delete(s.byID, seg.id)
+	objects, bytes = s.idx.dropSegment(seg.head)
+	seg.head = 0
+	s.liveBytes -= bytes
+	s.liveRec -= seg.liveRec
+	seg.liveRec = 0
+	s.used -= seg.size
 	if err := unix.Unlink(seg.path); err != nil && err != unix.ENOENT {
 		s.log.Warn("spill: cannot remove a dropped segment file; remove it by hand", "file", seg.path, "err", err)
 	}
@@ -346,7 +540,7 @@ func (s *Store) dropOldestLocked() bool {
 	if seg.refs == 0 {
 		_ = unix.Close(seg.fd)
 	}
-	return true
+	return objects, bytes
 }
 
 // releaseLocked ends a read or write on seg's fd.
@@ -363,6 +557,7 @@ func (s *Store) doneWriteLocked(seg *segment, rec int64) {
 	s.releaseLocked(seg)
 	if seg.pending == 0 && seg != s.active {
 		s.hintLocked(seg)
+		s.kickLocked(seg)
 	}
 	s.cond.Broadcast()
 }
@@ -370,6 +565,7 @@ func (s *Store) doneWriteLocked(seg *segment, rec int64) {
 // write is the writer goroutine: it writes sealed buffers, in order, and the
 // hint files of finished segments, until Close; then it writes the active
 // segment's hint file too, so that the next start reads no segment at all.
+// Abandoned (after a panic, or a test's crash), it ends at once.
 func (s *Store) write() {
 	defer s.writer.Done()
 	s.mu.Lock()
@@ -377,6 +573,9 @@ func (s *Store) write() {
 	for {
 		for len(s.queue) == 0 && len(s.hintSegs) == 0 && !s.stopping {
 			s.cond.Wait()
+		}
+		if s.abandon {
+			return
 		}
 		if len(s.queue) == 0 && len(s.hintSegs) > 0 {
 			seg := s.hintSegs[0]
@@ -396,8 +595,11 @@ func (s *Store) write() {
 			return
 		}
 		b := s.queue[0]
-		for b.copying > 0 {
+		for b.copying > 0 && !s.abandon {
 			s.cond.Wait()
+		}
+		if s.abandon {
+			return
 		}
 		seg := b.seg
 		seg.refs++
@@ -410,6 +612,14 @@ func (s *Store) write() {
 		} else {
 			s.st.flushes.Add(1)
 		}
+		for _, w := range b.waiters {
+			if err != nil && w.err == nil {
+				w.err = err
+			}
+			w.bufs--
+		}
+		clear(b.waiters)
+		b.waiters = b.waiters[:0]
 		s.doneWriteLocked(seg, b.n)
 		b.state, b.seg = bufFree, nil
 		s.cond.Broadcast()
@@ -443,11 +653,7 @@ func (s *Store) writeRetry(seg *segment, iovs [][]byte, off int64) error {
 			return nil
 		}
 		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
-			s.mu.Lock()
-			dropped := s.dropOldestLocked()
-			s.refreshLimitLocked()
-			s.mu.Unlock()
-			if dropped {
+			if s.dropOldest() {
 				s.st.noSpaceRetries.Add(1)
 				continue
 			}
@@ -457,6 +663,16 @@ func (s *Store) writeRetry(seg *segment, iovs [][]byte, off int64) error {
 		}
 		return ioError("write", seg.path, err)
 	}
+}
+
+// dropOldest drops the oldest segment, if it can, after the device said it
+// was full.
+func (s *Store) dropOldest() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	dropped := s.dropOldestLocked()
+	s.refreshLimitLocked()
+	return dropped
 }
 
 // clearDirect switches seg's fd to buffered I/O after the filesystem refused
@@ -469,9 +685,7 @@ func (s *Store) clearDirect(seg *segment) bool {
 	if _, err := unix.FcntlInt(uintptr(seg.fd), unix.F_SETFL, flags&^unix.O_DIRECT); err != nil {
 		return false
 	}
-	s.mu.Lock()
-	s.directRefused(seg.path, unix.EINVAL)
-	s.mu.Unlock()
+	s.locked(func() { s.directRefused(seg.path, unix.EINVAL) })
 	return true
 }
 
