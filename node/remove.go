@@ -31,12 +31,14 @@ func (s *Server) remove(ctx context.Context, keys []string) (int, error) {
 	}
 	var errs []error
 	if s.spill != nil {
-		for i, k := range keys {
-			had, err := s.spill.RemoveObject(ctx, k)
-			if err != nil {
-				errs = append(errs, err)
-			}
-			removed[i] = removed[i] || had
+		// One batch: its tombstones are written (not only buffered) before it
+		// returns, with one buffer write for them all.
+		had, err := s.spill.RemoveObjects(ctx, keys)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for i, h := range had {
+			removed[i] = removed[i] || h
 		}
 	}
 	if s.remote != nil {

@@ -28,38 +28,8 @@ import (
 func TestNodeClientCallsThatGaveUpLeaveMemoryAlone(t *testing.T) {
 	socket := filepath.Join(shortDir(t), "s")
 	serve := startServe(t, socket, t.TempDir())
-	cfg := nodeclient.DefaultConfig(socket)
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	cfg.CallTimeout = 20 * time.Second
-	b, err := nodeclient.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b, p := nodeClientPool(t, socket, 8, 16)
 	ctx := context.Background()
-	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	if err := b.WaitConnected(wctx); err != nil {
-		t.Fatal(err)
-	}
-	acfg := hostmem.DefaultConfig(hostmem.Mmap)
-	acfg.ReserveBytes = 0
-	alloc, err := storage.HostAllocator(b, acfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := pool.BuildGroup(pool.GroupSpec{
-		Pools:  []pool.PoolSpec{{Name: "kv", Geometry: kvlayout.Geometry{Layers: 4, KVHeads: 2, HeadDim: 64, DTypeBytes: 2}}},
-		Layout: kvlayout.PageFirst, PageSize: 16, Pages: 8,
-	}, alloc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	p := g.Pools()[0]
-	if err := b.RegisterPool(ctx, storage.SpecOf(p, pagekey.Names{})); err != nil {
-		t.Fatal(err)
-	}
 	fill := func(page pool.PageID, v byte) {
 		for buf := 0; buf < p.Layout().Geometry.Buffers(); buf++ {
 			mem, _ := p.PageBuffer(buf, page)
@@ -168,4 +138,43 @@ func waitProcessState(t *testing.T, pid int, state byte) {
 			t.Fatalf("process %d never reached state %c", pid, state)
 		}
 	}
+}
+
+// nodeClientPool connects a Go node client to the service at socket and
+// registers one host pool of pages pages of pageSize tokens (4 layers, 2 KV
+// heads of 64, bf16: 2 KiB a token).
+func nodeClientPool(t *testing.T, socket string, pages, pageSize int) (*nodeclient.Backend, *pool.HostPool) {
+	t.Helper()
+	cfg := nodeclient.DefaultConfig(socket)
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.CallTimeout = 20 * time.Second
+	b, err := nodeclient.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := b.WaitConnected(ctx); err != nil {
+		t.Fatal(err)
+	}
+	acfg := hostmem.DefaultConfig(hostmem.Mmap)
+	acfg.ReserveBytes = 0
+	alloc, err := storage.HostAllocator(b, acfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := pool.BuildGroup(pool.GroupSpec{
+		Pools:  []pool.PoolSpec{{Name: "kv", Geometry: kvlayout.Geometry{Layers: 4, KVHeads: 2, HeadDim: 64, DTypeBytes: 2}}},
+		Layout: kvlayout.PageFirst, PageSize: pageSize, Pages: pages,
+	}, alloc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	p := g.Pools()[0]
+	if err := b.RegisterPool(ctx, storage.SpecOf(p, pagekey.Names{})); err != nil {
+		t.Fatal(err)
+	}
+	return b, p
 }
