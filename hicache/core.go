@@ -236,6 +236,7 @@ func (c *core[E]) complete(r *Request, opts MatchOptions, mayWait bool) ([]*pool
 			p.op.abandoned = true
 			p.op.release()
 		}
+		p.op.unpinIfUnwanted() // r's lock holds its prefix from here
 	}
 	if tail, ok := r.overlong.(*radix.Node[E]); ok && len(r.DevicePages) == pages {
 		if err := c.overlong(r, last, tail); err != nil {
