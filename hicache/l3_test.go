@@ -608,3 +608,39 @@ func TestPrefetchedPagesWaitForTheirRequest(t *testing.T) {
 	}
 	e.checkTree(t)
 }
+
+// A request that matches part of a node while the node's L1→L2 backup runs
+// splits it; the backup then covers two nodes, and both reach L3. Only the tail
+// (the node the copy started with) did, so the head's pages, the prefix later
+// requests share, were never in L3.
+func TestNodeSplitDuringItsBackupReachesL3Whole(t *testing.T) {
+	backend := newMemBackend()
+	a := seq(1, 10*testPS)
+	e := newEnvWith(t, l3Config(), 32, 64, Options{Storage: backend}, hostmem.Mmap)
+	e.gate.hold(pool.Backup)
+	e.serve(t, a) // its backup to L2 waits in the gate
+	b := append(append([]uint32(nil), a[:6*testPS]...), seq(2, 2*testPS)...)
+	r, err := e.cache.Match(context.Background(), b, MatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.L1Tokens != 6*testPS {
+		t.Fatalf("b's match: L1 %d tokens, want a's first 6 pages", r.L1Tokens)
+	}
+	if err := e.cache.Release(r); err != nil {
+		t.Fatal(err)
+	}
+	e.gate.open(pool.Backup)
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.cache.Stats(); s.L3.BackedUpTokens != 10*testPS {
+		t.Fatalf("%d tokens backed up to L3, want all %d of a", s.L3.BackedUpTokens, 10*testPS)
+	}
+	// Another engine finds all of a in L3.
+	other := newEnvWith(t, l3Config(), 32, 64, Options{Storage: backend}, hostmem.Mmap)
+	if r := other.serveWith(t, a, pagekey.Namespace{}); r.L3Tokens != 10*testPS {
+		t.Fatalf("another engine's L3 hit: %d tokens, want %d", r.L3Tokens, 10*testPS)
+	}
+	e.checkTree(t)
+}
