@@ -70,6 +70,9 @@ type engineSim struct {
 	run        cacheRun
 	progress   *Progress
 	ttfts      []float64 // every admitted request's modelled TTFT, in ms
+	// waits and holds are every admitted request's queueing and time in the
+	// engine, in admission order (the event loop only).
+	waits, holds []time.Duration
 }
 
 type finishQueue []*active
@@ -184,6 +187,8 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 			out.HitTokens.L3 += int64(a.hitL3)
 			out.PromptTokens += int64(len(a.req.Prompt))
 			a.doneAt = now + compute + time.Duration(len(a.req.Output))*decodeStep
+			e.waits = append(e.waits, queued)
+			e.holds = append(e.holds, a.doneAt-now)
 			heap.Push(&running, a)
 		}
 	}
@@ -191,6 +196,12 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 		out.HitRatio = float64(out.HitTokens.Total()) / float64(out.PromptTokens)
 	}
 	out.TTFTms = quantiles(append([]float64(nil), e.ttfts...))
+	waits := make([]float64, len(e.waits))
+	for i, w := range e.waits {
+		waits[i] = float64(w) / float64(time.Millisecond)
+	}
+	out.QueueMs = quantiles(waits)
+	out.Backlog = backlogOf(e.waits, e.holds)
 	out.Elapsed = Duration(time.Since(start))
 	e.run.report(out)
 	return nil

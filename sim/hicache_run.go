@@ -433,6 +433,8 @@ func (h *hicacheRun) report(r *RunReport) {
 			TimedOut:       s.L3.Prefetch.TimedOut,
 			BelowThreshold: s.L3.Prefetch.BelowThreshold,
 			Canceled:       s.L3.Prefetch.Canceled,
+			NoRoom:         s.L3.Prefetch.NoRoom,
+			Stale:          s.L3.Prefetch.Stale,
 		},
 		Faults: s.L3.Faults,
 	}
