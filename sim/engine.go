@@ -149,7 +149,12 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 			if gated {
 				// Its L3 prefetch starts when it is next in line, so that it
 				// fetches what left L1 and L2 while it queued, and again while it
-				// waits there when what it found in L2 left too.
+				// waits there when what it found in L2 left too. The request that
+				// just finished may still be backing up to L2 and L3: what the
+				// prefetch and the match find must not depend on how fast.
+				if err := e.run.settle(); err != nil {
+					return err
+				}
 				e.run.arrive(a)
 				if !a.seen {
 					a.seen, a.seenAt = true, now
