@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -281,11 +282,18 @@ func runBenchMatrix(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		return err
 	}
-	command := "strata bench matrix"
-	if len(args) > 0 || len(extra) > 0 {
-		command += " " + strings.Join(append(append([]string(nil), args...), append([]string{"--"}, extra...)...), " ")
-		command = strings.TrimSuffix(command, " --")
+	// The command that gives the table again; where its JSON went does not
+	// change it.
+	shown := []string{"strata bench matrix"}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "json" {
+			shown = append(shown, "--"+f.Name, f.Value.String())
+		}
+	})
+	if len(extra) > 0 {
+		shown = append(append(shown, "--"), extra...)
 	}
+	command := strings.Join(shown, " ")
 	if err := sim.WriteMatrix(stdout, cells, command); err != nil {
 		return err
 	}
