@@ -23,7 +23,8 @@ type Capacity struct {
 	// the busiest stretch: Running requests at once, each for HoldSeconds.
 	RequestsPerSecond float64 `json:"requests_per_second"`
 	// Running is how many of the stretch's requests run at once: MaxRunning, or
-	// what L1 holds of them when that is fewer (L1Bound).
+	// the whole requests of its mean size that L1 holds, when that is fewer
+	// (L1Bound).
 	Running float64 `json:"running"`
 	L1Bound bool    `json:"l1_bound"`
 	// HoldSeconds is the mean time a request of the stretch holds the engine.
@@ -79,9 +80,11 @@ func (c Config) capacityOf(trace workload.Trace) Capacity {
 		}
 		// The engine-seconds the window needs: its hold time spread over
 		// MaxRunning places, or its L1 token-seconds over L1, whichever binds.
+		// What L1 holds is whole requests: two of 37 pages do not fit 60, however
+		// the average reads.
 		running, l1Bound := float64(c.MaxRunning), false
-		if sumWeight > 0 && l1*sumHold/sumWeight < running {
-			running, l1Bound = l1*sumHold/sumWeight, true
+		if fit := max(1, math.Floor(l1*sumHold/sumWeight)); sumWeight > 0 && fit < running {
+			running, l1Bound = fit, true
 		}
 		if sumHold <= 0 || running <= 0 {
 			continue

@@ -34,10 +34,16 @@ func TestCapacityOfIdenticalRequests(t *testing.T) {
 	if math.Abs(c.RequestsPerSecond-20) > 1e-9 || c.Running != 4 || c.L1Bound || math.Abs(c.HoldSeconds-0.2) > 1e-12 || c.Window != 2 {
 		t.Fatalf("4 places, 0.2 s a request: %+v, want 20 requests/s", c)
 	}
-	cfg.L1Tokens = 220 // two requests of 11 pages
-	c = cfg.capacityOf(workload.Trace{Requests: reqs})
-	if math.Abs(c.RequestsPerSecond-10) > 1e-9 || math.Abs(c.Running-2) > 1e-12 || !c.L1Bound {
-		t.Fatalf("L1 for 2 requests: %+v, want 10 requests/s, L1-bound", c)
+	for _, l1 := range []int64{220, 320} { // two requests of 11 pages, and a part of a third
+		cfg.L1Tokens = l1
+		c = cfg.capacityOf(workload.Trace{Requests: reqs})
+		if math.Abs(c.RequestsPerSecond-10) > 1e-9 || c.Running != 2 || !c.L1Bound {
+			t.Fatalf("L1 of %d tokens: %+v, want 2 running, 10 requests/s, L1-bound", l1, c)
+		}
+	}
+	cfg.L1Tokens = 100 // less than a request: it still runs, alone
+	if c = cfg.capacityOf(workload.Trace{Requests: reqs}); c.Running != 1 || math.Abs(c.RequestsPerSecond-5) > 1e-9 {
+		t.Fatalf("L1 below a request: %+v, want 1 running", c)
 	}
 }
 
