@@ -236,6 +236,7 @@ func (c *core[E]) complete(r *Request, opts MatchOptions, mayWait bool) ([]*pool
 			p.op.abandoned = true
 			p.op.release()
 		}
+		p.op.unpinIfUnwanted() // r's lock holds its prefix from here
 	}
 	if tail, ok := r.overlong.(*radix.Node[E]); ok && len(r.DevicePages) == pages {
 		if err := c.overlong(r, last, tail); err != nil {
@@ -739,7 +740,13 @@ func (c *core[E]) reap() {
 			if failed {
 				c.unbacked = appendHolders(c.unbacked, op.nodes, op.host, (*radix.Node[E]).Host)
 			} else {
-				c.backupToL3(op.nodes)
+				// A request that matched part of a node while the copy ran split
+				// it: the node kept its tail, and a new head above it holds the
+				// first of the copied pages. Both go to L3, heads first, so that
+				// L3 holds prefixes as it fills.
+				written := appendHolders(nil, op.nodes, op.host, (*radix.Node[E]).Host)
+				slices.Reverse(written)
+				c.backupToL3(written)
 			}
 		}
 		// A failed load's pages in the tree stay marked until they are dropped,

@@ -112,6 +112,15 @@ func (c *core[E]) prefetch(tokens []uint32, ns pagekey.Namespace, cache *Cache) 
 		waiters:  1,
 	}
 	op.ctx, op.cancel = context.WithCancel(c.l3.ctx)
+	if cached > 0 {
+		// The fetched pages extend the cached prefix: keep its host pages until
+		// they are in the tree. Otherwise reserving host pages for them can
+		// evict that very prefix (the least recently used, in a full L2), and
+		// the fetched pages are dropped as stale.
+		if _, n := c.tree.PeekNode(seed, c.toKey(tokens)); n != nil && c.tree.HostRef(n) == nil {
+			op.unpin = func() { must(c.tree.HostUnref(n)) } // taken just now: only a bug fails it
+		}
+	}
 	op.reserve = func(n int) []pool.PageID {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -153,7 +162,11 @@ func (c *core[E]) prefetch(tokens []uint32, ns pagekey.Namespace, cache *Cache) 
 
 // settlePrefetch accounts for a finished prefetch: its pages become L2 pages of
 // the tree when every pool has them, are kept for the first request to load when a
-// draft pool's KV is missing, and are returned otherwise.
+// draft pool's KV is missing, and are returned otherwise. Pages it put in the
+// tree stay host referenced (and reserved) for the requests that wait for them,
+// until they match or give up: an L2 that is full, as it is where L3 serves, would
+// otherwise evict them for the next backup before the request that fetched them
+// is scheduled.
 func (c *core[E]) settlePrefetch(op *prefetchOp) {
 	if op.accounted {
 		return
@@ -162,6 +175,16 @@ func (c *core[E]) settlePrefetch(op *prefetchOp) {
 	if c.l3.inflight[op.keys[0]] == op {
 		delete(c.l3.inflight, op.keys[0])
 	}
+	// The prefix pin of prefetch is replaced by one on the inserted pages below,
+	// kept for the staged pages, and released on every other way out.
+	prefix := op.unpin
+	op.unpin = nil
+	defer func() {
+		if prefix != nil {
+			prefix()
+		}
+		op.unpinIfUnwanted()
+	}()
 	st := &c.l3.st.Prefetch
 	o := outcome(op.result.Load())
 	ps := c.cfg.PageSize
@@ -177,6 +200,8 @@ func (c *core[E]) settlePrefetch(op *prefetchOp) {
 	giveBack(op.host[op.usable:])
 	if c.l3.partial || op.draftUsable < op.usable {
 		op.staged = true
+		// The staged pages continue the prefix: keep it for the request.
+		op.unpin, prefix = prefix, nil
 		if op.waiters == 0 {
 			op.abandoned = true
 			op.release()
@@ -187,16 +212,24 @@ func (c *core[E]) settlePrefetch(op *prefetchOp) {
 	end := op.from + op.usable
 	keys := make([]pagekey.Key, end)
 	copy(keys[op.from:], op.keys[:op.usable])
-	_, dup, err := c.tree.InsertHost(op.ns, c.toKey(op.tokens)[:end*ps], op.host[:op.usable], keys)
+	last, dup, err := c.tree.InsertHost(op.ns, c.toKey(op.tokens)[:end*ps], op.host[:op.usable], keys)
 	if err != nil {
 		giveBack(op.host[:op.usable])
 		st.Stale++
 		return
 	}
 	giveBack(dup)
-	c.l3.reserved -= op.usable - len(dup) // the rest now belongs to the tree
-	op.inserted = op.usable - len(dup)
-	c.l3.st.PrefetchedTokens += int64((op.usable - len(dup)) * ps)
+	n := op.usable - len(dup) // the rest now belongs to the tree
+	op.inserted = n
+	c.l3.st.PrefetchedTokens += int64(n * ps)
+	if last != nil && op.waiters > 0 && c.tree.HostRef(last) == nil {
+		op.unpin = func() {
+			must(c.tree.HostUnref(last)) // taken here: only a bug fails it
+			c.l3.reserved -= n
+		}
+	} else {
+		c.l3.reserved -= n
+	}
 	c.countOutcome(o)
 }
 

@@ -161,7 +161,14 @@ func l3Config() Config {
 // warm serves seqs through a cache over backend and waits until L3 has them.
 func warm(t *testing.T, backend storage.Backend, seqs ...[]uint32) {
 	t.Helper()
-	e := newEnvWith(t, l3Config(), 32, 64, Options{Storage: backend}, hostmem.Mmap)
+	warmWith(t, backend, 32, 64, seqs...)
+}
+
+// warmWith is warm through a cache of devPages and hostPages (the test backend
+// names objects by the host pool's layout, so caches that share them have one).
+func warmWith(t *testing.T, backend storage.Backend, devPages, hostPages int, seqs ...[]uint32) {
+	t.Helper()
+	e := newEnvWith(t, l3Config(), devPages, hostPages, Options{Storage: backend}, hostmem.Mmap)
 	for _, s := range seqs {
 		e.serve(t, s)
 	}
@@ -527,4 +534,113 @@ func TestDraftPoolWithFewerL3PagesLimitsTheHit(t *testing.T) {
 			e.checkTree(t)
 		})
 	}
+}
+
+// A prefetch that extends a prefix cached in L2 only keeps that prefix while it
+// fetches: in a full L2 the prefix is the least recently used leaf, and reserving
+// host pages for the fetch evicted it, so the fetched pages had nothing to hang
+// from and were dropped as stale, and the request hit nothing.
+func TestPrefetchKeepsThePrefixItExtends(t *testing.T) {
+	backend := newMemBackend()
+	a := seq(1, 10*testPS)
+	warmWith(t, backend, 10, 16, a)
+	e := newEnvWith(t, l3Config(), 10, 16, Options{Storage: backend}, hostmem.Mmap)
+	e.serve(t, a[:4*testPS])     // L1 and L2
+	e.serve(t, seq(2, 6*testPS)) // L1 full
+	e.serve(t, seq(3, 6*testPS)) // evicts both from L1; L2 full, a's first 4 pages its oldest
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	r := e.serveWith(t, a, pagekey.Namespace{})
+	if r.L2Tokens != 4*testPS || r.L3Tokens != 6*testPS {
+		t.Fatalf("a's first 4 pages in L2, the other 6 in L3: L1 %d L2 %d L3 %d tokens", r.L1Tokens, r.L2Tokens, r.L3Tokens)
+	}
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.cache.Stats(); s.L3.Prefetch.Stale != 0 || s.L3.ReservedPages != 0 {
+		t.Fatalf("prefetch %+v, %d host pages still reserved", s.L3.Prefetch, s.L3.ReservedPages)
+	}
+	e.checkTree(t)
+}
+
+// The pages a prefetch brought wait in L2 for the request that fetched them: an
+// engine starts the prefetch when the request arrives and matches when it is
+// scheduled, and in a full L2 the backups of the requests that ran meanwhile
+// evicted them first, so the request fetched from L3 and hit nothing.
+func TestPrefetchedPagesWaitForTheirRequest(t *testing.T) {
+	backend := newMemBackend()
+	b := seq(1, 6*testPS)
+	warmWith(t, backend, 10, 16, b)
+	e := newEnvWith(t, l3Config(), 10, 16, Options{Storage: backend}, hostmem.Mmap)
+	e.serve(t, seq(2, 5*testPS))
+	e.serve(t, seq(3, 5*testPS))
+	p := e.cache.Prefetch(b, pagekey.Namespace{})
+	if p == nil {
+		t.Fatal("no prefetch")
+	}
+	waitDone(t, p)
+	if err := e.cache.Sync(waitCtx(t)); err != nil { // b's pages are in the tree, in a full L2
+		t.Fatal(err)
+	}
+	for i := range 3 { // each backup evicts the oldest L2 leaf
+		e.serve(t, seq(uint64(4+i), 5*testPS))
+	}
+	r, err := e.cache.Match(context.Background(), b, MatchOptions{Prefetch: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Wait(waitCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if r.L3Tokens != 6*testPS {
+		t.Fatalf("the prefetched pages: L1 %d L2 %d L3 %d tokens, want all %d from L3", r.L1Tokens, r.L2Tokens, r.L3Tokens, 6*testPS)
+	}
+	e.verify(t, b, r.DevicePages, r.HitTokens)
+	if err := e.cache.Release(r); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.cache.Stats(); s.L3.ReservedPages != 0 {
+		t.Fatalf("%d host pages still reserved after the match", s.L3.ReservedPages)
+	}
+	e.checkTree(t)
+}
+
+// A request that matches part of a node while the node's L1→L2 backup runs
+// splits it; the backup then covers two nodes, and both reach L3. Only the tail
+// (the node the copy started with) did, so the head's pages, the prefix later
+// requests share, were never in L3.
+func TestNodeSplitDuringItsBackupReachesL3Whole(t *testing.T) {
+	backend := newMemBackend()
+	a := seq(1, 10*testPS)
+	e := newEnvWith(t, l3Config(), 32, 64, Options{Storage: backend}, hostmem.Mmap)
+	e.gate.hold(pool.Backup)
+	e.serve(t, a) // its backup to L2 waits in the gate
+	b := append(append([]uint32(nil), a[:6*testPS]...), seq(2, 2*testPS)...)
+	r, err := e.cache.Match(context.Background(), b, MatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.L1Tokens != 6*testPS {
+		t.Fatalf("b's match: L1 %d tokens, want a's first 6 pages", r.L1Tokens)
+	}
+	if err := e.cache.Release(r); err != nil {
+		t.Fatal(err)
+	}
+	e.gate.open(pool.Backup)
+	if err := e.cache.Sync(waitCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.cache.Stats(); s.L3.BackedUpTokens != 10*testPS {
+		t.Fatalf("%d tokens backed up to L3, want all %d of a", s.L3.BackedUpTokens, 10*testPS)
+	}
+	// Another engine finds all of a in L3.
+	other := newEnvWith(t, l3Config(), 32, 64, Options{Storage: backend}, hostmem.Mmap)
+	if r := other.serveWith(t, a, pagekey.Namespace{}); r.L3Tokens != 10*testPS {
+		t.Fatalf("another engine's L3 hit: %d tokens, want %d", r.L3Tokens, 10*testPS)
+	}
+	e.checkTree(t)
 }

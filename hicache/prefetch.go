@@ -79,6 +79,7 @@ func (p *Prefetch) giveUp(why outcome) {
 	if op.waiters > 0 {
 		return
 	}
+	op.unpinIfUnwanted()
 	select {
 	case <-op.done:
 		if op.staged && !op.taken {
@@ -151,7 +152,21 @@ type prefetchOp struct {
 	abandoned bool
 	accounted bool
 	reserve   func(n int) []pool.PageID
-	release   func() // frees every host page the op still holds
+	// unpin releases the op's host reference: on the cached prefix the fetched
+	// pages extend while they are fetched, then on the pages it put in the tree
+	// (or the prefix of its staged pages) until no request waits for them; nil
+	// without one.
+	unpin   func()
+	release func() // frees every host page the op still holds
+}
+
+// unpinIfUnwanted releases the op's host reference once it is accounted for and
+// no request waits for its pages any more (under Cache.mu).
+func (op *prefetchOp) unpinIfUnwanted() {
+	if op.unpin != nil && op.accounted && op.waiters == 0 {
+		op.unpin()
+		op.unpin = nil
+	}
 }
 
 func (op *prefetchOp) setOutcome(o outcome) { op.result.CompareAndSwap(uint32(outcomeNone), uint32(o)) }

@@ -172,6 +172,35 @@ func (t *Tree[E]) PeekKey(ns pagekey.Key, key []E) (int, pagekey.Key) {
 	return pages, last
 }
 
+// PeekNode is Peek that also returns the node holding the last cached page of key
+// (nil when nothing is cached), for a caller that must keep that prefix cached
+// (HostRef, Lock) while it works on the pages after it.
+func (t *Tree[E]) PeekNode(ns pagekey.Key, key []E) (int, *Node[E]) {
+	ps := t.cfg.PageSize
+	key = key[:len(key)/ps*ps]
+	pages := 0
+	var last *Node[E]
+	n := t.nsRoot(ns, false)
+	if n == nil {
+		return 0, nil
+	}
+	for pos := 0; pos < len(key); {
+		c := t.child(n, key[pos:pos+ps])
+		if c == nil {
+			break
+		}
+		k := t.matchPages(c, key[pos:])
+		pages += k
+		last = c
+		if k < len(c.keys) {
+			break
+		}
+		pos += k * ps
+		n = c
+	}
+	return pages, last
+}
+
 // matchPages counts the whole pages at the start of key that equal n's pages; the
 // first is known to (child found n by it) and is not compared again. The arena
 // hands out consecutive token pages for a node when it can, so the node's pages are

@@ -571,3 +571,41 @@ func TestEvictionOfAVictimThatCannotGoPanics(t *testing.T) {
 		})
 	}
 }
+
+// PeekNode finds the node that holds a key's last cached page, changing nothing:
+// no split, no hit, no access.
+func TestPeekNode(t *testing.T) {
+	tree := newTree(t, 2, LRU)
+	mustInsert(t, tree, []uint32{1, 2, 3, 4, 5, 6}, pages(10, 11, 12))
+	mustInsert(t, tree, []uint32{1, 2, 7, 7}, pages(10, 20))
+	nodes := tree.Nodes()
+	for _, c := range []struct {
+		key   []uint32
+		pages int
+		last  []pool.PageID // the node's device pages
+	}{
+		{[]uint32{1, 2, 3, 4, 5, 6, 9}, 3, pages(11, 12)},
+		{[]uint32{1, 2, 3, 4, 9, 9}, 2, pages(11, 12)}, // ends inside the node
+		{[]uint32{1, 2, 7, 7}, 2, pages(20)},
+		{[]uint32{1, 2}, 1, pages(10)},
+	} {
+		n, last := tree.PeekNode(noNS, c.key)
+		if n != c.pages || last == nil || !slices.Equal(last.Device(), c.last) || n != tree.Peek(noNS, c.key) {
+			t.Errorf("PeekNode(%v) = %d pages, node %v; want %d, a node of %v", c.key, n, last, c.pages, c.last)
+		}
+	}
+	if n, last := tree.PeekNode(noNS, []uint32{9, 9}); n != 0 || last != nil {
+		t.Errorf("PeekNode of an uncached key: %d pages, node %v", n, last)
+	}
+	h, _ := pagekey.New(pagekey.DefaultConfig())
+	other := h.Seed(pagekey.Namespace{}.WithCacheSalt("other"))
+	if n, last := tree.PeekNode(other, []uint32{1, 2}); n != 0 || last != nil {
+		t.Errorf("PeekNode in an empty namespace: %d pages, node %v", n, last)
+	}
+	if tree.Nodes() != nodes {
+		t.Errorf("PeekNode changed the tree: %d nodes, was %d", tree.Nodes(), nodes)
+	}
+	if err := tree.Check(); err != nil {
+		t.Fatal(err)
+	}
+}

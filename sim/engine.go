@@ -11,7 +11,8 @@ import (
 
 // cacheRun is one cache configuration behind the simulated engine.
 type cacheRun interface {
-	// arrive sees a request as it arrives (and starts its L3 prefetch).
+	// arrive sees a request as it arrives (and starts its L3 prefetch); an
+	// l1Gate run sees it when it is next in line.
 	arrive(a *active)
 	// settle waits for the cache's background work, so that what a request finds
 	// depends on the trace alone, not on how fast this machine's disk is.
@@ -29,6 +30,13 @@ type cacheRun interface {
 	close() error
 }
 
+// l1Gate is a cache run whose L1 the event loop checks for room before it
+// admits a request, as an engine's scheduler does (the hicache runs).
+type l1Gate interface {
+	// roomFor reports whether L1 holds a beside the running requests.
+	roomFor(a *active) bool
+}
+
 // active is a request inside the simulated engine.
 type active struct {
 	req       *workload.Request
@@ -40,6 +48,8 @@ type active struct {
 	loadWall  time.Duration // measured wall time of loading the hit
 	fetchWall time.Duration // measured wall time of the L3 prefetch
 	doneAt    time.Duration // simulated completion time
+	seen      bool          // the run has been shown it (cacheRun.arrive)
+	seenAt    time.Duration // simulated time it first was: arrival, or first in line
 	state     any           // the cache run's per-request state
 	verified  int64
 	corrupt   int64
@@ -60,6 +70,9 @@ type engineSim struct {
 	run        cacheRun
 	progress   *Progress
 	ttfts      []float64 // every admitted request's modelled TTFT, in ms
+	// waits and holds are every admitted request's queueing and time in the
+	// engine, in admission order (the event loop only).
+	waits, holds []time.Duration
 }
 
 type finishQueue []*active
@@ -84,6 +97,7 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 		done    int
 	)
 	prefillPer, decodeStep := e.model.PrefillPerToken, e.model.DecodeStep
+	gate, gated := e.run.(l1Gate)
 	start := time.Now()
 	for next < len(trace.Requests) || len(waiting) > 0 || len(running) > 0 {
 		if err := ctx.Err(); err != nil {
@@ -115,7 +129,10 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 			tokens := make([]uint32, 0, len(r.Prompt)+len(r.Output))
 			tokens = append(append(tokens, r.Prompt...), r.Output...)
 			a := &active{req: r, tokens: tokens, hs: prefixHashes(tokens)}
-			e.run.arrive(a)
+			if !gated {
+				e.run.arrive(a)
+				a.seenAt = now
+			}
 			waiting = append(waiting, a)
 		} else if len(waiting) > 0 {
 			// Nothing runs and nothing arrives, yet requests wait: the head is
@@ -129,6 +146,23 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 		// Admit waiting requests in arrival order while there is room.
 		for len(waiting) > 0 && len(running) < e.maxRunning {
 			a := waiting[0]
+			if gated {
+				// Its L3 prefetch starts when it is next in line, so that it
+				// fetches what left L1 and L2 while it queued, and again while it
+				// waits there when what it found in L2 left too. The request that
+				// just finished may still be backing up to L2 and L3: what the
+				// prefetch and the match find must not depend on how fast.
+				if err := e.run.settle(); err != nil {
+					return err
+				}
+				e.run.arrive(a)
+				if !a.seen {
+					a.seen, a.seenAt = true, now
+				}
+				if len(running) > 0 && !gate.roomFor(a) {
+					break // it waits for a running request to finish
+				}
+			}
 			wait, err := e.run.admit(a)
 			if err != nil {
 				return err
@@ -151,13 +185,15 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 			queued := now - a.req.Arrival
 			// The prefetch runs while the request queues; only what outlasts the
 			// queueing delays the first token.
-			ttft := queued + compute + a.loadWall + max(0, a.fetchWall-queued)
+			ttft := queued + compute + a.loadWall + max(0, a.fetchWall-(now-a.seenAt))
 			e.ttfts = append(e.ttfts, float64(ttft)/float64(time.Millisecond))
 			out.HitTokens.L1 += int64(a.hitL1)
 			out.HitTokens.L2 += int64(a.hitL2)
 			out.HitTokens.L3 += int64(a.hitL3)
 			out.PromptTokens += int64(len(a.req.Prompt))
 			a.doneAt = now + compute + time.Duration(len(a.req.Output))*decodeStep
+			e.waits = append(e.waits, queued)
+			e.holds = append(e.holds, a.doneAt-now)
 			heap.Push(&running, a)
 		}
 	}
@@ -165,6 +201,12 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 		out.HitRatio = float64(out.HitTokens.Total()) / float64(out.PromptTokens)
 	}
 	out.TTFTms = quantiles(append([]float64(nil), e.ttfts...))
+	waits := make([]float64, len(e.waits))
+	for i, w := range e.waits {
+		waits[i] = float64(w) / float64(time.Millisecond)
+	}
+	out.QueueMs = quantiles(waits)
+	out.Backlog = backlogOf(e.waits, e.holds)
 	out.Elapsed = Duration(time.Since(start))
 	e.run.report(out)
 	return nil

@@ -260,6 +260,9 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, request
 		rr.CrossEngineHitTokens += res.CrossEngineHitTokens
 		rr.Concurrency += r.Concurrency
 		rr.MaxInFlight += r.MaxInFlight // each engine's peak; together a bound
+		if rr.Backlog == nil {
+			rr.Backlog = r.Backlog
+		}
 		ttfts = append(ttfts, res.TTFTms...)
 		if r.L3 != nil {
 			if l3 == nil {
@@ -272,6 +275,8 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, request
 			l3.Prefetch.TimedOut += r.L3.Prefetch.TimedOut
 			l3.Prefetch.BelowThreshold += r.L3.Prefetch.BelowThreshold
 			l3.Prefetch.Canceled += r.L3.Prefetch.Canceled
+			l3.Prefetch.NoRoom += r.L3.Prefetch.NoRoom
+			l3.Prefetch.Stale += r.L3.Prefetch.Stale
 			for k, v := range r.L3.Faults {
 				l3.Faults[k] += v
 			}

@@ -40,6 +40,9 @@ type hicacheRun struct {
 	computed map[uint64]struct{} // pages (by prefix digest) this engine computed, when tracked
 	l3Hits   []uint64            // every L3 hit page's prefix digest, when tracked
 	cross    int64               // L3 hit tokens of pages another engine computed
+	// held counts the running requests' L1 pages by prefix digest (their whole
+	// pages are shared, their partial last pages their own), for roomFor.
+	held map[uint64]int
 }
 
 var _ concurrentRun = (*hicacheRun)(nil)
@@ -55,7 +58,7 @@ type hicacheState struct {
 }
 
 func newHicacheRun(cfg Config, withL2, withL3 bool) (h *hicacheRun, err error) {
-	h = &hicacheRun{ps: cfg.PageSize, closeDev: func() error { return nil }}
+	h = &hicacheRun{ps: cfg.PageSize, closeDev: func() error { return nil }, held: map[uint64]int{}}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, h.closeAll())
@@ -188,8 +191,14 @@ func startEmbeddedNode(cfg Config, log *slog.Logger) (*node.Server, string, erro
 	return srv, dir, nil
 }
 
+// arrive starts the request's L3 prefetch, unless one is under way. Called again
+// while the request waits (the event loop does, for the request next in line), it
+// starts one when pages it found in L1 or L2 before have been evicted since.
 func (h *hicacheRun) arrive(a *active) {
 	if h.backend == nil {
+		return
+	}
+	if st, ok := a.state.(*hicacheState); ok && st.prefetch != nil {
 		return
 	}
 	a.state = &hicacheState{prefetch: h.cache.Prefetch(a.req.Prompt, pagekey.Namespace{})}
@@ -200,6 +209,50 @@ func (h *hicacheRun) settle() error {
 		return nil
 	}
 	return h.cache.Sync(context.Background())
+}
+
+// pageDigests calls fn with the prefix digest of each L1 page a holds while it
+// runs: its whole pages and its partial last page, prompt and output.
+func (h *hicacheRun) pageDigests(a *active, fn func(d uint64) bool) {
+	for end := h.ps; ; end += h.ps {
+		last := min(end, len(a.tokens))
+		if last == 0 || !fn(a.hs[last-1]) || last == len(a.tokens) {
+			return
+		}
+	}
+}
+
+// roomFor reports whether L1 holds a's pages beside the running requests' (the
+// pages it shares with them counted once), as a scheduler checks before it
+// takes a request. A request that does not fit waits unmatched, its L3 prefetch
+// holding the host pages it brought; matched and released to wait (as the loop
+// once did), those became ordinary L2 pages that the running requests' backups
+// evicted before it got room.
+func (h *hicacheRun) roomFor(a *active) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	need, shared := 0, true
+	h.pageDigests(a, func(d uint64) bool {
+		if shared && h.held[d] > 0 {
+			return true
+		}
+		shared = false
+		need++
+		return true
+	})
+	return len(h.held)+need <= h.l1Pages
+}
+
+// hold adds (n 1) or removes (n -1) a's pages from held.
+func (h *hicacheRun) hold(a *active, n int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.pageDigests(a, func(d uint64) bool {
+		if h.held[d] += n; h.held[d] <= 0 {
+			delete(h.held, d)
+		}
+		return true
+	})
 }
 
 func (h *hicacheRun) admit(a *active) (bool, error) {
@@ -245,6 +298,7 @@ func (h *hicacheRun) admit(a *active) (bool, error) {
 	}
 	pages := append(append(make([]pool.PageID, 0, len(r.DevicePages)+len(fresh)), r.DevicePages...), fresh...)
 	a.state = &hicacheState{r: r, pages: pages}
+	h.hold(a, 1)
 	h.verify(a, r, pages)
 	return false, nil
 }
@@ -303,6 +357,7 @@ func (h *hicacheRun) finish(a *active) error {
 	for i := range h.kv.pools {
 		h.kv.fill(&h.kv.pools[i], a.hs, st.pages, len(a.req.Prompt), len(a.tokens))
 	}
+	h.hold(a, -1)
 	return h.cache.Finish(st.r, a.tokens, st.pages)
 }
 
@@ -378,6 +433,8 @@ func (h *hicacheRun) report(r *RunReport) {
 			TimedOut:       s.L3.Prefetch.TimedOut,
 			BelowThreshold: s.L3.Prefetch.BelowThreshold,
 			Canceled:       s.L3.Prefetch.Canceled,
+			NoRoom:         s.L3.Prefetch.NoRoom,
+			Stale:          s.L3.Prefetch.Stale,
 		},
 		Faults: s.L3.Faults,
 	}

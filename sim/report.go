@@ -17,9 +17,11 @@ type Report struct {
 	Draft string `json:"draft,omitempty"`
 	// PageSize is tokens per page.
 	PageSize int `json:"page_size"`
-	// L1Tokens and L2Tokens are the device and host pool capacities in tokens.
-	L1Tokens int64 `json:"l1_tokens"`
-	L2Tokens int64 `json:"l2_tokens"`
+	// L1Tokens and L2Tokens are the device and host pool capacities in tokens;
+	// L2Ratio is L2 over L1.
+	L1Tokens int64   `json:"l1_tokens"`
+	L2Tokens int64   `json:"l2_tokens"`
+	L2Ratio  float64 `json:"l2_ratio,omitempty"`
 	// L3 names the L3 backend of the strata run ("" for none).
 	L3 string `json:"l3,omitempty"`
 	// Redis says which Redis the strata run used (addresses given, or the local
@@ -35,6 +37,24 @@ type Report struct {
 	// DistinctPrefixTokens is the working set: tokens of distinct whole-page prefixes
 	// of every prompt and output in the trace.
 	DistinctPrefixTokens int64 `json:"distinct_prefix_tokens"`
+	// ReusedPrefixTokens is the part of the working set that later prompts hit
+	// again (workload.Trace.ReusedPrefixTokens): a cache that holds less must
+	// evict pages it is asked for again.
+	ReusedPrefixTokens int64 `json:"reused_prefix_tokens"`
+	// Scaling says how the trace was scaled down to fit the bench's budget; nil
+	// for the workload as configured.
+	Scaling *Scaling `json:"scaling,omitempty"`
+	// Rate is the trace's mean arrival rate in requests per second, and Load that
+	// over Capacity, the engine's modelled capacity without a cache: above 1 the
+	// queue grows without bound.
+	Rate     float64  `json:"rate"`
+	Load     float64  `json:"load"`
+	Capacity Capacity `json:"capacity"`
+	// MaxRunning, PrefillPerToken and DecodeStep are the simulated engine's
+	// figures the capacity comes from.
+	MaxRunning      int      `json:"max_running"`
+	PrefillPerToken Duration `json:"prefill_per_token"`
+	DecodeStep      Duration `json:"decode_step"`
 	// Notes says what the bench changed from what was asked, e.g. an L1 raised to
 	// hold the longest request.
 	Notes []string `json:"notes,omitempty"`
@@ -70,6 +90,12 @@ type RunReport struct {
 	// part of the L3 prefetch that outlasted the queueing). A concurrent run models
 	// no queueing: prefill compute + measured load + measured prefetch.
 	TTFTms Quantiles `json:"ttft_ms"`
+	// QueueMs is how long requests waited between arrival and admission (the
+	// event loop's runs; a concurrent run does not queue).
+	QueueMs Quantiles `json:"queue_ms"`
+	// Backlog is set when the run's queue grew over the trace: arrivals outran
+	// the engine, and TTFT measures the backlog.
+	Backlog *Backlog `json:"backlog,omitempty"`
 	// LoadBack is L2→L1 traffic; Backup is L1→L2 traffic.
 	LoadBack Traffic `json:"load_back"`
 	Backup   Traffic `json:"backup"`
@@ -180,6 +206,10 @@ type PrefetchOutcomes struct {
 	TimedOut       int64 `json:"timed_out"`
 	BelowThreshold int64 `json:"below_threshold"`
 	Canceled       int64 `json:"canceled"`
+	// NoRoom found no host pages to fetch into; Stale fetched pages whose
+	// prefix had left L2 by the time they arrived, and dropped them.
+	NoRoom int64 `json:"no_room,omitempty"`
+	Stale  int64 `json:"stale,omitempty"`
 }
 
 // PoolL3Status is one pool's L3 registration state.

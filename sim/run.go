@@ -57,10 +57,35 @@ type Config struct {
 	// PageSize is tokens per page.
 	PageSize int `json:"pageSize"`
 	// L1Tokens is the device pool's capacity in tokens. Realistic settings hold well
-	// under a third of the workload's distinct prefix tokens.
+	// under a third of the workload's distinct prefix tokens. SizeL1 chooses it
+	// from the trace.
 	L1Tokens int64 `json:"l1Tokens"`
 	// L2Ratio sizes the host pool as a multiple of L1 (SGLang's hicache ratio).
+	// SizeL2 chooses it from the trace.
 	L2Ratio float64 `json:"l2Ratio"`
+	// SizeL1 and SizeL2 let the bench choose L1Tokens and L2Ratio from the trace:
+	// L1 and L2 together hold 90% of the pages that are hit again (the reused
+	// working set, workload.Trace.ReusedPrefixTokens), so that L3 serves the rest,
+	// as in a deployment whose host memory runs out; L2 is 4 times L1, or less
+	// where L1 must hold the longest request and that leaves less room; L1 holds
+	// at least the longest request. The command line sets each when its flag is
+	// not given.
+	SizeL1 bool `json:"-"`
+	SizeL2 bool `json:"-"`
+	// Load, above 0, sets the workload's arrival rate to Load times the simulated
+	// engine's modelled capacity without a cache (Capacity): a model twice as
+	// expensive gets half the rate, and every run keeps up below 1. 0 keeps the
+	// workload's own rate (--rate). The report gives the offered load either way,
+	// and says when it is above capacity.
+	Load float64 `json:"load,omitempty"`
+	// ScaleTrace scales the workload down (workload.Scalable.Scaled) until its
+	// trace's KV fits Budget, so that a large model's run takes a minute and a
+	// few GiB of disk, not an hour and the disk: the same page size, geometry,
+	// tier ratios and load on fewer conversations, groups or shorter documents.
+	// The report says what changed. The command line sets it unless --full.
+	ScaleTrace bool `json:"-"`
+	// Budget is what ScaleTrace scales to; zero fields take DefaultBudget's.
+	Budget Budget `json:"-"`
 	// WritePolicy and Eviction configure strata's cache.
 	WritePolicy hicache.WritePolicy `json:"writePolicy"`
 	Eviction    radix.Policy        `json:"eviction"`
@@ -168,10 +193,13 @@ type Config struct {
 
 // DefaultConfig is the embedded default of `strata bench`: the multiturn workload
 // on the small model with its EAGLE draft, 64-token pages, L1 of 16384 tokens (12%
-// of the default workload's 136128 distinct prefix tokens), L2 four times that (so
-// L1 + L2 hold 60% of the working set), and a node service L3 started in the
-// process with a 1 GiB arena and an SSD spill in a temporary directory, replayed
-// by the deterministic event loop.
+// of the default workload's 136128 distinct prefix tokens, 18% of its 91584
+// reused ones), L2 four times that (so L1 + L2 hold 89% of the reused working
+// set), a node service L3 started in the process with a 1 GiB arena and an SSD
+// spill in a temporary directory, and requests arriving at DefaultLoad of the
+// engine's capacity, replayed by the deterministic event loop. The command line
+// also sizes L1 and L2 from the trace (SizeL1, SizeL2), which gives these sizes
+// for the default trace, and scales large models' traces (ScaleTrace).
 func DefaultConfig() Config {
 	m, _ := ModelByName(DefaultModel)
 	return Config{
@@ -185,6 +213,7 @@ func DefaultConfig() Config {
 		WritePolicy:    hicache.WriteThrough,
 		Eviction:       radix.LRU,
 		MaxRunning:     16,
+		Load:           DefaultLoad,
 		L3:             L3Node,
 		NodeArenaBytes: 1 << 30,
 		PrefetchPolicy: hicache.Timeout,
@@ -208,6 +237,9 @@ func (c Config) Validate() error {
 	}
 	if c.Concurrent < 0 || c.Concurrent > maxConcurrent {
 		return fmt.Errorf("concurrent %d: want 0 (the deterministic event loop) to %d goroutines: %w", c.Concurrent, maxConcurrent, ErrConfig)
+	}
+	if math.IsNaN(c.Load) || c.Load < 0 || c.Load > 100 {
+		return fmt.Errorf("load %v: want a fraction of the engine's capacity above 0 (0.7 keeps up; 1 and above queue without bound), at most 100: %w", c.Load, ErrConfig)
 	}
 	if c.MaxRunning < 1 {
 		return fmt.Errorf("max running %d: want at least 1: %w", c.MaxRunning, ErrConfig)
@@ -299,30 +331,67 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		gen = &m
 	}
 	start := time.Now()
+	var notes []string
+	note := func(n string) {
+		if n == "" {
+			return
+		}
+		notes = append(notes, n)
+		if cfg.Progress != nil {
+			cfg.Progress.Note(n)
+		}
+	}
+	scalable, _ := gen.(workload.Scalable)
+	if (cfg.ScaleTrace || cfg.Load > 0) && scalable == nil {
+		return nil, fmt.Errorf("workload %s cannot be scaled or given a load (it is not a workload.Scalable): give its rate and size yourself: %w", gen.Name(), ErrConfig)
+	}
+	var scaling *Scaling
+	if cfg.ScaleTrace {
+		if scalable, scaling, err = cfg.scaleWorkload(scalable); err != nil {
+			return nil, err
+		}
+		gen = scalable
+		if scaling != nil && scaling.OverBudget {
+			note("the trace is " + scaling.describe())
+		}
+	}
 	trace, err := gen.Generate(cfg.Seed)
 	if err != nil {
 		return nil, err
 	}
-	var notes []string
-	if note, err := cfg.fitL1(trace); err != nil {
-		return nil, err
-	} else if note != "" {
-		notes = append(notes, note)
-		if cfg.Progress != nil {
-			cfg.Progress.Note(note)
-		}
+	if cfg.SizeL1 || cfg.SizeL2 {
+		note(cfg.sizeTiers(trace))
 	}
+	n, err := cfg.fitL1(trace)
+	if err != nil {
+		return nil, err
+	}
+	note(n)
 	if cfg.FitMachine {
 		more, err := cfg.fitMachine(trace, cfg.Runs)
 		if err != nil {
 			return nil, err
 		}
 		for _, n := range more {
-			notes = append(notes, n)
-			if cfg.Progress != nil {
-				cfg.Progress.Note(n)
-			}
+			note(n)
 		}
+	}
+	// The load is taken against the engine as sized: L1 bounds how many requests
+	// run at once.
+	capacity := cfg.capacityOf(trace)
+	if cfg.Load > 0 && capacity.RequestsPerSecond > 0 {
+		scalable = scalable.WithRate(cfg.Load * capacity.RequestsPerSecond)
+		gen = scalable
+		if trace, err = gen.Generate(cfg.Seed); err != nil {
+			return nil, err
+		}
+	}
+	rate := 0.0
+	if d := trace.Duration(); d > 0 && len(trace.Requests) > 1 {
+		rate = float64(len(trace.Requests)-1) / d.Seconds()
+	}
+	if scalable != nil {
+		rate = scalable.Rate()
 	}
 	if cfg.BackgroundCleanup {
 		cfg.cleanup = &cleaner{}
@@ -339,9 +408,20 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		PageSize:             cfg.PageSize,
 		L1Tokens:             cfg.L1Tokens / int64(cfg.PageSize) * int64(cfg.PageSize),
 		L2Tokens:             int64(cfg.l2Pages()) * int64(cfg.PageSize),
+		L2Ratio:              cfg.L2Ratio,
 		Requests:             len(trace.Requests),
 		PromptTokens:         trace.PromptTokens(),
 		DistinctPrefixTokens: trace.DistinctPrefixTokens(cfg.PageSize),
+		ReusedPrefixTokens:   trace.ReusedPrefixTokens(cfg.PageSize),
+		Scaling:              scaling,
+		Rate:                 rate,
+		Capacity:             capacity,
+		MaxRunning:           cfg.MaxRunning,
+		PrefillPerToken:      Duration(cfg.Model.PrefillPerToken),
+		DecodeStep:           Duration(cfg.Model.DecodeStep),
+	}
+	if capacity.RequestsPerSecond > 0 {
+		rep.Load = rate / capacity.RequestsPerSecond
 	}
 	if cfg.Draft {
 		rep.Draft = cfg.Model.Name + "-eagle"

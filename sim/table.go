@@ -41,6 +41,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 		r.writeRuns(&buf)
 		r.writeLegend(&buf)
 		r.writeCorrupt(&buf)
+		r.writeOverload(&buf)
 		r.writeRunNotes(&buf)
 		r.writeComparison(&buf)
 	}
@@ -53,6 +54,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 func (r *Report) writeHeader(buf *bytes.Buffer) {
 	tw := tabwriter.NewWriter(buf, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "workload\t%s (seed %d)\n", r.Workload, r.Seed)
+	if r.Scaling != nil {
+		fmt.Fprintf(tw, "scaled\t%s\n", r.Scaling.describe())
+	}
 	model := r.Model
 	if r.Draft != "" {
 		model += ", draft " + r.Draft
@@ -77,7 +81,12 @@ func (r *Report) writeHeader(buf *bytes.Buffer) {
 	}
 	fmt.Fprintf(tw, "requests\t%d\n", r.Requests)
 	fmt.Fprintf(tw, "prompt tokens\t%s\n", groupDigits(r.PromptTokens))
-	fmt.Fprintf(tw, "working set\t%s tokens (distinct whole-page prefixes)\n", groupDigits(r.DistinctPrefixTokens))
+	fmt.Fprintf(tw, "working set\t%s tokens (distinct whole-page prefixes), %s of them hit again\n",
+		groupDigits(r.DistinctPrefixTokens), groupDigits(r.ReusedPrefixTokens))
+	if r.Capacity.RequestsPerSecond > 0 && r.Concurrent == 0 {
+		fmt.Fprintf(tw, "arrivals\t%.2f requests/s (Poisson): load %.2f of the engine's capacity\n", r.Rate, r.Load)
+		fmt.Fprintf(tw, "capacity\t%s\n", r.Capacity.describe(r.MaxRunning, time.Duration(r.PrefillPerToken), time.Duration(r.DecodeStep)))
+	}
 	fmt.Fprintf(tw, "elapsed\t%s\n", formatWall(r.Elapsed))
 	// Flush into a bytes.Buffer cannot fail.
 	_ = tw.Flush()
@@ -87,7 +96,11 @@ func (r *Report) writeHeader(buf *bytes.Buffer) {
 // which is what decides its hit ratio.
 func (r *Report) capacity(tokens int64) string {
 	s := groupDigits(tokens) + " tokens"
-	if r.DistinctPrefixTokens > 0 {
+	switch {
+	case r.DistinctPrefixTokens > 0 && r.ReusedPrefixTokens > 0:
+		s += fmt.Sprintf(" (%.1f%% of working set, %.1f%% of what is hit again)",
+			100*float64(tokens)/float64(r.DistinctPrefixTokens), 100*float64(tokens)/float64(r.ReusedPrefixTokens))
+	case r.DistinctPrefixTokens > 0:
 		s += fmt.Sprintf(" (%.1f%% of working set)", 100*float64(tokens)/float64(r.DistinctPrefixTokens))
 	}
 	return s
@@ -153,6 +166,40 @@ func (r *Report) writeCorrupt(buf *bytes.Buffer) {
 	}
 }
 
+// writeOverload says, in one line, that arrivals outran the engine: the offered
+// load is above its modelled capacity, or a run's queue grew over the trace. Its
+// TTFT then measures the backlog, and a cache looks worse than it is (a round
+// that arrives before the last one was computed finds nothing to hit).
+func (r *Report) writeOverload(buf *bytes.Buffer) {
+	var grew []string
+	var worst *Backlog
+	for _, run := range r.Runs {
+		if b := run.Backlog; b != nil {
+			grew = append(grew, run.Name)
+			if worst == nil || b.LastQuarterWaitSeconds > worst.LastQuarterWaitSeconds {
+				worst = b
+			}
+		}
+	}
+	if r.Capacity.RequestsPerSecond <= 0 || r.Concurrent > 0 || (r.Load < 1 && worst == nil) {
+		return
+	}
+	var b strings.Builder
+	b.WriteString("\nOVERLOAD: ")
+	if worst != nil {
+		fmt.Fprintf(&b, "the queue grew in %s (requests waited %.2f s in the first quarter of the trace, %.2f s in the last, each in the engine %.2f s); ",
+			strings.Join(grew, ", "), worst.FirstQuarterWaitSeconds, worst.LastQuarterWaitSeconds, worst.HoldSeconds)
+	}
+	fmt.Fprintf(&b, "%.2f requests/s offered is %.2fx the engine's modelled capacity of %.2f/s, so TTFT measures the backlog and rounds that arrive before the last one was computed miss; ",
+		r.Rate, r.Load, r.Capacity.RequestsPerSecond)
+	if r.Load < 1 {
+		fmt.Fprintf(&b, "run with a lower --load (default %.1f) or --rate\n", DefaultLoad)
+	} else {
+		fmt.Fprintf(&b, "run with --load %.1f (the default, without --rate) or a --rate below %.2f\n", DefaultLoad, r.Capacity.RequestsPerSecond)
+	}
+	buf.WriteString(b.String())
+}
+
 // writeRunNotes writes what does not fit a table cell: each run's L3 activity, failed
 // requests and recomputed draft pages.
 func (r *Report) writeRunNotes(buf *bytes.Buffer) {
@@ -211,6 +258,9 @@ func describeL3(l3 *L3Report) string {
 	p := l3.Prefetch
 	fmt.Fprintf(&b, "; prefetch %d completed, %d timed out, %d below threshold, %d canceled",
 		p.Completed, p.TimedOut, p.BelowThreshold, p.Canceled)
+	if p.NoRoom > 0 || p.Stale > 0 {
+		fmt.Fprintf(&b, ", %d without host room, %d stale (their prefix left L2 while they fetched)", p.NoRoom, p.Stale)
+	}
 	b.WriteString("; faults ")
 	if len(l3.Faults) == 0 {
 		b.WriteString("none")

@@ -80,8 +80,44 @@ func (t Trace) Duration() time.Duration {
 // the page's tokens), so the cost is linear in the trace's tokens and memory is one
 // map entry per distinct page.
 func (t Trace) DistinctPrefixTokens(pageSize int) int64 {
+	seen := make(map[xxh3.Uint128]struct{})
+	t.eachPage(pageSize, func(_ int, page xxh3.Uint128, _ bool) { seen[page] = struct{}{} })
+	return int64(len(seen)) * int64(pageSize)
+}
+
+// ReusedPrefixTokens is the part of the working set that is ever hit: the number of
+// distinct whole-page prefixes of prompts that an earlier request's Prompt+Output
+// also holds, times pageSize. Pages no later prompt shares (a question, the last
+// round's answer) count in DistinctPrefixTokens but a cache gains nothing by
+// keeping them, so this is what a cache must hold to hit everything a cache can:
+// a cache smaller than it must evict pages that are hit again. It is 0 for a
+// pageSize below 1.
+func (t Trace) ReusedPrefixTokens(pageSize int) int64 {
+	seen := make(map[xxh3.Uint128]struct{})
+	reused := make(map[xxh3.Uint128]struct{})
+	var mine []xxh3.Uint128
+	current := -1
+	t.eachPage(pageSize, func(i int, page xxh3.Uint128, inPrompt bool) {
+		if i != current {
+			// A request's own pages become visible to the requests after it.
+			for _, p := range mine {
+				seen[p] = struct{}{}
+			}
+			mine, current = mine[:0], i
+		}
+		if _, ok := seen[page]; ok && inPrompt {
+			reused[page] = struct{}{}
+		}
+		mine = append(mine, page)
+	})
+	return int64(len(reused)) * int64(pageSize)
+}
+
+// eachPage calls fn with every whole page of every request's Prompt+Output, in
+// order, as the digest of its prefix, and whether the page lies inside the prompt.
+func (t Trace) eachPage(pageSize int, fn func(request int, page xxh3.Uint128, inPrompt bool)) {
 	if pageSize < 1 {
-		return 0
+		return
 	}
 	longest := 0
 	for i := range t.Requests {
@@ -89,9 +125,8 @@ func (t Trace) DistinctPrefixTokens(pageSize int) int64 {
 	}
 	if longest < pageSize {
 		// Checked before sizing the page buffer, which a huge pageSize would make huge.
-		return 0
+		return
 	}
-	seen := make(map[xxh3.Uint128]struct{})
 	buf := make([]byte, 16+4*pageSize)
 	for i := range t.Requests {
 		// Every whole page of the Prompt is also a whole page of Prompt+Output, so
@@ -111,10 +146,9 @@ func (t Trace) DistinctPrefixTokens(pageSize int) int64 {
 				putTokens(page, output[max(start, np)-np:end-np])
 			}
 			prev = xxh3.Hash128(buf)
-			seen[prev] = struct{}{}
+			fn(i, prev, end <= np)
 		}
 	}
-	return int64(len(seen)) * int64(pageSize)
 }
 
 // putTokens writes tokens little-endian at the start of dst and returns the rest.

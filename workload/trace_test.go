@@ -153,3 +153,91 @@ func TestTraceTotals(t *testing.T) {
 		t.Error("empty trace has a duration")
 	}
 }
+
+// referenceReused is the definition of ReusedPrefixTokens, spelled out with whole
+// prefixes as map keys.
+func referenceReused(tr Trace, pageSize int) int64 {
+	if pageSize < 1 {
+		return 0
+	}
+	seen := make(map[string]bool)
+	reused := make(map[string]bool)
+	for _, r := range tr.Requests {
+		var key []byte
+		for i, tok := range r.Prompt {
+			key = binary.LittleEndian.AppendUint32(key, tok)
+			if (i+1)%pageSize == 0 && seen[string(key)] {
+				reused[string(key)] = true
+			}
+		}
+		key = key[:0]
+		for i, tok := range slices.Concat(r.Prompt, r.Output) {
+			key = binary.LittleEndian.AppendUint32(key, tok)
+			if (i+1)%pageSize == 0 {
+				seen[string(key)] = true
+			}
+		}
+	}
+	return int64(len(reused)) * int64(pageSize)
+}
+
+func TestReusedPrefixTokensByHand(t *testing.T) {
+	tests := []struct {
+		name     string
+		reqs     []Request
+		pageSize int
+		want     int64
+	}{
+		{"empty trace", nil, 4, 0},
+		{"page size 0", []Request{req([]uint32{1, 2}, nil)}, 0, 0},
+		{"one request reuses nothing", []Request{req([]uint32{1, 2, 3, 4}, []uint32{5, 6})}, 2, 0},
+		{"a later prompt hits the earlier prompt's pages", []Request{
+			req([]uint32{1, 2, 3, 4}, nil),
+			req([]uint32{1, 2, 3, 4, 5, 6}, nil),
+		}, 2, 4},
+		{"and its output's", []Request{
+			req([]uint32{1, 2}, []uint32{3, 4}),
+			req([]uint32{1, 2, 3, 4, 5}, nil),
+		}, 2, 4},
+		{"a page hit twice counts once", []Request{
+			req([]uint32{7, 8}, nil),
+			req([]uint32{7, 8, 1}, nil),
+			req([]uint32{7, 8, 2}, nil),
+		}, 2, 2},
+		{"the output a later prompt does not repeat is not reused", []Request{
+			req([]uint32{1, 2}, []uint32{3, 4}),
+			req([]uint32{1, 2, 9, 9}, nil),
+		}, 2, 2},
+		{"within one request nothing is reused", []Request{req([]uint32{1, 1, 1, 1}, []uint32{1, 1})}, 1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tr := Trace{Requests: tt.reqs}
+			if got := tr.ReusedPrefixTokens(tt.pageSize); got != tt.want {
+				t.Errorf("ReusedPrefixTokens(%d) = %d, want %d", tt.pageSize, got, tt.want)
+			}
+			if ref := referenceReused(tr, tt.pageSize); ref != tt.want {
+				t.Errorf("reference gives %d, want %d: the case is wrong", ref, tt.want)
+			}
+		})
+	}
+}
+
+func TestReusedPrefixTokensMatchesReference(t *testing.T) {
+	tokens := rapid.SliceOfN(rapid.Uint32Range(0, 2), 0, 14)
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(0, 8).Draw(t, "requests")
+		tr := Trace{}
+		for i := range n {
+			tr.Requests = append(tr.Requests, Request{ID: i, Prompt: tokens.Draw(t, "prompt"), Output: tokens.Draw(t, "output")})
+		}
+		pageSize := rapid.IntRange(1, 6).Draw(t, "pageSize")
+		got, want := tr.ReusedPrefixTokens(pageSize), referenceReused(tr, pageSize)
+		if got != want {
+			t.Fatalf("ReusedPrefixTokens(%d) = %d, reference %d", pageSize, got, want)
+		}
+		if d := tr.DistinctPrefixTokens(pageSize); got > d {
+			t.Fatalf("reused %d tokens of a working set of %d", got, d)
+		}
+	})
+}
