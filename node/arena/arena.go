@@ -179,6 +179,7 @@ func New(cfg Config) (*Arena, error) {
 		if alloc == nil {
 			ac := hostmem.DefaultConfig(hostmem.Mmap)
 			ac.Prefault = !cfg.Warmup // the warm-up populates it instead, in the background
+			ac.TransparentHugePages = cfg.TransparentHugePages
 			ac.Logger = cfg.Logger
 			if alloc, err = hostmem.New(ac); err != nil {
 				return nil, fmt.Errorf("arena: %w", err)
