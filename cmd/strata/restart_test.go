@@ -34,7 +34,7 @@ import (
 
 // shmArenaDir is a fresh directory on a tmpfs for arena files (/dev/shm);
 // outside CI a machine without one skips, under CI=true it fails.
-func shmArenaDir(t *testing.T, need int64) string {
+func shmArenaDir(t testing.TB, need int64) string {
 	t.Helper()
 	skip := func(why string) {
 		if os.Getenv("CI") == "true" {
@@ -77,7 +77,7 @@ func startServeOn(t *testing.T, socket string, args ...string) *serveChild {
 	return s
 }
 
-func spawnServe(t *testing.T, socket string, args ...string) *serveChild {
+func spawnServe(t testing.TB, socket string, args ...string) *serveChild {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"serve", "--socket", socket, "--admin", "", "--log-level", "info"}, args...)...)
 	cmd.Env = append(os.Environ(), "STRATA_TEST_AS_MAIN=1")
@@ -175,7 +175,7 @@ func objSize(i int) int { return []int{1 << 10, 16 << 10, 64 << 10, 300 << 10, 3
 // restartClient speaks to a node service that comes and goes: it reconnects
 // (and registers its segment again) whenever a call fails.
 type restartClient struct {
-	t      *testing.T
+	t      testing.TB
 	socket string
 	name   string
 	region *hostmem.Region
@@ -188,7 +188,7 @@ type restartClient struct {
 
 const clientSegment = 8 << 20
 
-func newRestartClient(t *testing.T, socket, name string) *restartClient {
+func newRestartClient(t testing.TB, socket, name string) *restartClient {
 	al, err := hostmem.New(hostmem.Config{Kind: hostmem.Shm})
 	if err != nil {
 		t.Fatal(err)
@@ -555,6 +555,7 @@ func TestServeKilledDuringEvictionToTheSpill(t *testing.T) {
 
 	s = startServeOn(t, socket, args...)
 	st := waitReady(t, socket)
+	t.Logf("%d objects acknowledged before the SIGKILL", totalAcked(cs))
 	if !st.Start.Warm || st.Start.Lost != 0 || st.Start.Recovered == 0 || st.Start.EvictionsChecked == 0 {
 		t.Fatalf("after a SIGKILL during evictions: %+v", st.Start)
 	}
@@ -608,6 +609,7 @@ func TestServeStoppedUnderLoadComesBackClean(t *testing.T) {
 			t.Errorf("%s: %d acknowledged objects are not served after SIGTERM and a restart", c.name, missing)
 		}
 	}
+	t.Logf("%d acknowledged objects back after SIGTERM under load and a restart; start %+v", totalAcked(cs), st.Start)
 }
 
 // A restart with another --arena cannot reuse the file: it says so in one log

@@ -462,6 +462,13 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 			return usagef("--socket %s: cannot create its directory: %v; create %s, or choose a socket path in a directory this user can write", s.cfg.Socket, err, dir)
 		}
 	}
+	// An arena file named on purpose gets its directory, as the socket does
+	// (only the service's user may list it: it holds the cache's contents).
+	if s.arenaFileSet && s.cfg.ArenaFile != "" {
+		if err := os.MkdirAll(filepath.Dir(s.cfg.ArenaFile), 0o700); err != nil {
+			return usagef("--arena-file %s: cannot create its directory: %v; create it, or choose a path on a tmpfs this user can write", s.cfg.ArenaFile, err)
+		}
+	}
 	raiseFDLimit(s.cfg.Logger)
 	srv, err := node.New(s.cfg)
 	if err != nil {
