@@ -27,6 +27,22 @@ type Config struct {
 	// ArenaBytes is the DRAM arena, the service's own memory for objects. Size it to
 	// the host memory the node can spare beyond the engines' own host pools.
 	ArenaBytes int64 `json:"arena"`
+	// ArenaFile, when set, is the arena's memory as a file on tmpfs or
+	// hugetlbfs that outlives the process: a service restarted on it (after a
+	// kill, a crash, an upgrade) serves every object that was committed in it.
+	// One service per file. Its tmpfs must hold ArenaBytes plus 1/1024 for the
+	// file's header; a reboot empties it (the spill directory survives). ""
+	// is anonymous memory, empty at every start.
+	ArenaFile string `json:"arena-file"`
+	// ArenaFileFallback runs the service on anonymous memory, with one
+	// warning, when ArenaFile cannot be used (not on tmpfs, or its tmpfs too
+	// small) instead of refusing to start: for a default location the
+	// operator did not choose (strata serve's, beside the socket).
+	ArenaFileFallback bool `json:"-"`
+	// ShutdownTimeout bounds Close: requests in flight get this long to
+	// finish; then they are failed (their contexts canceled) and their
+	// connections closed.
+	ShutdownTimeout time.Duration `json:"shutdown-timeout"`
 	// HighWatermark and LowWatermark bound the arena: past the high one, the least
 	// recently used objects are evicted (to the spill directory when there is one)
 	// until the low one.
@@ -155,6 +171,9 @@ type hooks struct {
 	// spilling runs when the arena evicts key, before the spill stores it:
 	// until it returns, the eviction is in flight.
 	spilling func(key string)
+	// warmed runs each time the arena's warm-up has given out a chunk of
+	// memory (arena.Config.OnWarmup): ready of total bytes. It may block.
+	warmed func(ready, total int64)
 }
 
 func (s *Server) hookReserved(key string) {
@@ -169,11 +188,11 @@ func (s *Server) hookAwaiting(key string) {
 	}
 }
 
-// DefaultConfig returns a service on socket with a 4 GiB arena, watermarks 0.90
-// and 0.85, no spill (64 GiB of 256 MiB segments when one is given), a 64 GiB
+// DefaultConfig returns a service on socket with a 4 GiB anonymous arena,
+// watermarks 0.90 and 0.85, no spill (64 GiB of 256 MiB segments when one is given), a 64 GiB
 // per-client quota, 64 segments per client, 128 connections per user, 10 s
-// Hello and frame timeouts, no idle timeout, 256 MiB of request memory and an
-// admin port on a free loopback port serving full stats.
+// Hello and frame timeouts, no idle timeout, 256 MiB of request memory, a 10 s
+// shutdown and an admin port on a free loopback port serving full stats.
 func DefaultConfig(socket string) Config {
 	return Config{
 		Socket:               socket,
@@ -195,6 +214,7 @@ func DefaultConfig(socket string) Config {
 		AdminStats:           AdminStatsFull,
 		CopyWorkers:          2,
 		RequestTimeout:       30 * time.Second,
+		ShutdownTimeout:      10 * time.Second,
 	}
 }
 
@@ -227,6 +247,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("copy workers %d (--copy-workers): want 1 to 64: %w", c.CopyWorkers, ErrConfig)
 	case c.RequestTimeout <= 0:
 		return fmt.Errorf("request timeout %v (--request-timeout): want positive: %w", c.RequestTimeout, ErrConfig)
+	case c.ShutdownTimeout < 0:
+		return fmt.Errorf("shutdown timeout %v (--shutdown-timeout): want 0 (fail requests in flight at once) or more: %w", c.ShutdownTimeout, ErrConfig)
 	case c.MaxClientsPerUID < 0:
 		return fmt.Errorf("max clients per uid %d (--max-clients-per-uid): want 0 (max clients) or more: %w", c.MaxClientsPerUID, ErrConfig)
 	case c.MaxSegmentsPerClient < 1:

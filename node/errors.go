@@ -11,3 +11,11 @@ var ErrClosed = errors.New("node service closed")
 // errMemoryBusy reports a request that found the request memory budget full
 // for as long as it could wait.
 var errMemoryBusy = errors.New("request memory budget full")
+
+// ErrShutdown reports a Close that ended with requests still running (stuck
+// past the shutdown and request timeouts).
+var ErrShutdown = errors.New("node service shut down with requests still running")
+
+// errStarting reports a request that must wait for the arena's recovery
+// (a remove) and found it still running when its deadline came.
+var errStarting = errors.New("the node service is still recovering its arena file")

@@ -26,6 +26,10 @@ func newCollector(s *Server) *collector {
 	d("arena_objects", "Objects in the arena.")
 	d("arena_fragmentation", "1 - largest free extent / free bytes.")
 	d("arena_evictions_total", "Objects evicted from the arena, by where they went.", "to")
+	d("ready", "1 once the service is done starting (the arena warmed up and its file's objects recovered), 0 while it starts.")
+	d("arena_ready_bytes", "Arena memory populated and given to objects so far.")
+	d("arena_recovered_objects", "Objects this start recovered from the arena file, by outcome: recovered, lost (damaged, dropped).", "result")
+	d("restarts", "Services started on the arena file before this one (kept in the file).")
 	d("spill_bytes", "Bytes in the spill directory.")
 	// The spill's segment files, exported only by a service that has a spill.
 	d("spill_capacity_bytes", "The spill's bound in force: the smaller of --spill-capacity and the device's free space plus what the spill's files take.")
@@ -97,6 +101,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	g("arena_fragmentation", st.Arena.Fragmentation)
 	n("arena_evictions_total", st.Arena.Spilled, "spill")
 	n("arena_evictions_total", st.Arena.Dropped, "dropped")
+	ready := 0.0
+	if st.Start.State == StateReady {
+		ready = 1
+	}
+	g("ready", ready)
+	g("arena_ready_bytes", float64(st.Arena.ReadyBytes))
+	g("arena_recovered_objects", float64(st.Start.Recovered), "recovered")
+	g("arena_recovered_objects", float64(st.Start.Lost), "lost")
+	g("restarts", float64(st.Start.Restarts))
 	var spill int64
 	if st.Spill != nil {
 		spill = st.Spill.Bytes

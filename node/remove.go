@@ -23,6 +23,11 @@ import (
 // An error means the keys are gone from memory but a tombstone could not be
 // written: they may come back after a restart.
 func (s *Server) remove(ctx context.Context, keys []string) (int, error) {
+	// A copy of a key in a part of the arena file not recovered yet would
+	// come back after the removal (node/arena's recover.go).
+	if err := s.arena.AwaitRecovered(ctx); err != nil {
+		return 0, fmt.Errorf("%w: removed nothing; retry once it is ready (%v)", errStarting, err)
+	}
 	removed := make([]bool, len(keys))
 	for i, k := range keys {
 		var end func()

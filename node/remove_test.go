@@ -75,7 +75,9 @@ func TestRemoveWinsOverAnEvictionInFlight(t *testing.T) {
 	var armed atomic.Bool
 	var holdOnce sync.Once
 	tweak := func(c *Config) {
-		c.ArenaBytes = 8 << 20
+		// Room for 8 objects and the slab of their descriptors: the 8th passes
+		// the high watermark without needing an eviction to fit.
+		c.ArenaBytes = 8<<20 + 512<<10
 		c.SpillDir = spillDir
 		c.hooks = &hooks{spilling: func(key string) {
 			if key == "victim" && armed.Load() {

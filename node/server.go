@@ -49,6 +49,18 @@ type Server struct {
 	admin   *http.Server
 	adminLn net.Listener
 	started time.Time
+	// instanceID is random per start (HelloReply.InstanceID);
+	// listeningAfter, the time from New to accepting (start.go).
+	instanceID     uint64
+	listeningAfter time.Duration
+	// lostEvicted and evictionsChecked are what checkEvictions found;
+	// startChecked is set, and readyAfter, once it has run on a ready arena.
+	lostEvicted, evictionsChecked, readyAfter atomic.Int64
+	startChecked                              atomic.Bool
+	// life is canceled when Close has waited ShutdownTimeout: requests in
+	// flight derive their contexts from it and fail.
+	life         context.Context
+	stopRequests context.CancelFunc
 
 	mu       sync.Mutex
 	sessions map[uint64]*session
@@ -77,13 +89,17 @@ type Server struct {
 // New starts a service: it checks the spill directory (creating it, and
 // creating and removing a file in it), listens on the socket (and the admin
 // port), and only then maps the arena, so that a refusal costs no memory; it
-// accepts clients until Close.
+// accepts clients until Close. It returns within milliseconds whatever the
+// arena's size: the arena warms its memory, and recovers the objects of its
+// arena file, in the background (start.go).
 func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, sessions: map[uint64]*session{}, perUID: map[int]int{}, started: time.Now(),
-		done: make(chan struct{}), mem: newMemBudget(cfg.RequestMemoryBytes), statsLimit: wire.MaxBody - 64<<10}
+		done: make(chan struct{}), mem: newMemBudget(cfg.RequestMemoryBytes), statsLimit: wire.MaxBody - 64<<10,
+		instanceID: newInstanceID()}
+	s.life, s.stopRequests = context.WithCancel(context.Background())
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -140,8 +156,23 @@ func New(cfg Config) (*Server, error) {
 	ac.HighWatermark, ac.LowWatermark = cfg.HighWatermark, cfg.LowWatermark
 	ac.Allocator, ac.Logger = cfg.Allocator, s.log
 	ac.OnEvict = s.spillOne
-	if s.arena, err = arena.New(ac); err != nil {
-		return nil, errors.Join(fmt.Errorf("arena (--arena): %w", err), s.closeAdminListener(), s.ln.Close(), s.closeSpill())
+	ac.File = cfg.ArenaFile
+	if h := cfg.hooks; h != nil && h.warmed != nil {
+		ac.OnWarmup = h.warmed
+	}
+	s.arena, err = arena.New(ac)
+	if err != nil && ac.File != "" && cfg.ArenaFileFallback && errors.Is(err, arena.ErrFile) {
+		s.log.Warn("the arena file cannot be used: the arena is anonymous memory, and a restart starts it empty",
+			"file", ac.File, "err", err, "fix", "point --arena-file at a tmpfs that holds the arena (e.g. /dev/shm), or pass --arena-file '' to say anonymous")
+		ac.File = ""
+		s.arena, err = arena.New(ac)
+	}
+	if err != nil {
+		what := "arena (--arena)"
+		if errors.Is(err, arena.ErrFile) || errors.Is(err, arena.ErrLocked) {
+			what = "arena file (--arena-file)"
+		}
+		return nil, errors.Join(fmt.Errorf("%s: %w", what, err), s.closeAdminListener(), s.ln.Close(), s.closeSpill())
 	}
 	if len(cfg.RemoteAddrs) > 0 {
 		s.remote = newRemoteTier(s, rc)
@@ -149,9 +180,13 @@ func New(cfg Config) (*Server, error) {
 	if s.adminLn != nil {
 		s.serveAdmin()
 	}
-	s.wg.Add(1)
+	s.listeningAfter = time.Since(s.started)
+	s.wg.Add(2)
 	go s.accept()
-	s.log.Info("node service listening", "socket", cfg.Socket, "admin", s.AdminAddr(), "arena", cfg.ArenaBytes, "spill", cfg.SpillDir, "remote", cfg.RemoteAddrs)
+	go s.watchReady()
+	st := s.arena.Stats().Recovery
+	s.log.Info("node service listening", "socket", cfg.Socket, "admin", s.AdminAddr(), "arena", cfg.ArenaBytes, "arenaFile", st.File,
+		"warm", st.Warm, "cold", st.Cold, "starts", st.Starts, "spill", cfg.SpillDir, "remote", cfg.RemoteAddrs, "after", s.listeningAfter.Round(time.Microsecond))
 	return s, nil
 }
 
@@ -198,7 +233,9 @@ func (s *Server) AdminAddr() string {
 func (s *Server) Socket() string { return s.cfg.Socket }
 
 // Close stops accepting, ends every client's connection, waits for requests in
-// flight, and releases the arena and the spill store.
+// flight (ShutdownTimeout at most; then they are failed and their connections
+// closed), and releases the arena (an arena file is left marked clean for the
+// next service) and the spill store (its buffers written out).
 func (s *Server) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -224,7 +261,27 @@ func (s *Server) Close() error {
 	for _, c := range sessions {
 		_ = c.conn.CloseRead()
 	}
-	s.wg.Wait()
+	ended := make(chan struct{})
+	go func() { s.wg.Wait(); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(s.cfg.ShutdownTimeout):
+		s.log.Warn("shutting down: requests still in flight after the shutdown timeout are failed (--shutdown-timeout)",
+			"timeout", s.cfg.ShutdownTimeout, "clients", len(sessions))
+		s.stopRequests()
+		for _, c := range sessions {
+			_ = c.conn.Close()
+		}
+		select {
+		case <-ended:
+		case <-time.After(s.cfg.RequestTimeout):
+			// A request stuck in a system call (a hung spill device) cannot
+			// be interrupted: the process exits around it.
+			s.log.Error("shutting down with requests still running", "waited", s.cfg.ShutdownTimeout+s.cfg.RequestTimeout)
+			errs = append(errs, fmt.Errorf("close: requests still running after %v: %w", s.cfg.ShutdownTimeout+s.cfg.RequestTimeout, ErrShutdown))
+		}
+	}
+	s.stopRequests()
 	s.closeRemote()
 	errs = append(errs, s.arena.Close(), s.closeSpill())
 	return errors.Join(errs...)
@@ -365,7 +422,7 @@ func (s *Server) spillOne(obj arena.Evicted) bool {
 	if h := s.cfg.hooks; h != nil && h.spilling != nil {
 		h.spilling(obj.Key)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.RequestTimeout)
+	ctx, cancel := context.WithTimeout(s.life, s.cfg.RequestTimeout)
 	defer cancel()
 	if err := s.spill.PutObject(ctx, obj.Key, storage.Format(obj.Format), obj.Bytes); err != nil {
 		s.st.spillErrors.Add(1)
@@ -402,12 +459,30 @@ func (s *Server) serveAdmin() {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newCollector(s))
 	mux := http.NewServeMux()
+	// /healthz is liveness: 200 while the service serves (a starting one
+	// does), with its start state in words; /readyz is readiness: 503 while
+	// it is starting.
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		if err := s.health(); err != nil {
 			http.Error(w, "unhealthy: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
+		if st := s.startStats(s.arena.Stats()); st.State != StateReady {
+			_, _ = io.WriteString(w, "ok: "+st.Message+"\n")
+			return
+		}
 		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := s.health(); err != nil {
+			http.Error(w, "unhealthy: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		if st := s.startStats(s.arena.Stats()); st.State != StateReady {
+			http.Error(w, st.Message, http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ready\n")
 	})
 	if s.cfg.AdminStats != AdminStatsOff {
 		mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) {

@@ -259,7 +259,9 @@ func (c *session) handleHello(id uint64, m *wire.Hello) bool {
 	}
 	c.hello.Store(true)
 	c.srv.log.Info("client connected", "client", c.id, "name", c.name, "pid", c.pid)
-	c.reply(id, wire.TypeHelloReply, wire.HelloReply{ClientID: c.id, ServerVersion: serverVersion(), MaxBatch: MaxBatchObjects, ClockNS: monoNow()})
+	st := c.srv.startStats(c.srv.arena.Stats())
+	c.reply(id, wire.TypeHelloReply, wire.HelloReply{ClientID: c.id, ServerVersion: serverVersion(), MaxBatch: MaxBatchObjects, ClockNS: monoNow(),
+		InstanceID: st.InstanceID, ContentID: st.ContentID, Starting: st.State != StateReady, ReadyPercent: uint32(st.ReadyPercent), Warm: st.Warm})
 	return true
 }
 
@@ -357,7 +359,7 @@ func (c *session) handleUnregister(id uint64, m *wire.UnregisterSegment) {
 }
 
 func (c *session) handleBatch(id uint64, msg wire.Message) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.srv.cfg.RequestTimeout)
+	ctx, cancel := context.WithTimeout(c.srv.life, c.srv.cfg.RequestTimeout)
 	defer cancel()
 	c.ops.Add(1)
 	s := c.srv
@@ -379,7 +381,11 @@ func (c *session) handleBatch(id uint64, msg wire.Message) {
 		n, err := s.remove(ctx, m.Keys)
 		s.st.removes.Add(int64(n))
 		if err != nil {
-			c.reply(id, wire.TypeError, wire.Error{Code: wire.Internal, Message: wire.ClipMessage(c.unscopeText(err.Error()))})
+			code := wire.Internal
+			if errors.Is(err, errStarting) {
+				code = wire.Busy
+			}
+			c.reply(id, wire.TypeError, wire.Error{Code: code, Message: wire.ClipMessage(c.unscopeText(err.Error()))})
 			return
 		}
 		c.reply(id, wire.TypeRemoveReply, wire.RemoveReply{Removed: uint32(n)})

@@ -57,6 +57,9 @@ type Stats struct {
 	Remote *RemoteStats `json:"remote,omitempty"`
 	// Ops counts requests and objects since the service started.
 	Ops OpStats `json:"ops"`
+	// Start is how the service's start went and whether it is ready yet
+	// (start.go).
+	Start StartStats `json:"start"`
 }
 
 // OpStats counts what the service did.
@@ -150,6 +153,7 @@ func (s *Server) statsFor(viewer *session) Stats {
 		Admin:   s.AdminAddr(),
 		Arena:   s.arena.Stats(),
 	}
+	st.Start = s.startStats(st.Arena)
 	if s.spill != nil {
 		fs := s.spill.Stats()
 		st.Spill = &fs

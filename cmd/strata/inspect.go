@@ -83,7 +83,8 @@ func fetchStats(ctx context.Context, socket string) (node.Stats, []byte, error) 
 
 func writeInspect(w io.Writer, st node.Stats) error {
 	fb := func(n int64) string { return hostmem.FormatBytes(n) }
-	fmt.Fprintf(w, "node service %s  socket %s  admin %s  up %s\n\n", st.Version, st.Socket, st.Admin, st.Uptime.Round(time.Second))
+	fmt.Fprintf(w, "node service %s  socket %s  admin %s  up %s\n", st.Version, st.Socket, st.Admin, st.Uptime.Round(time.Second))
+	fmt.Fprintf(w, "start   %s\n\n", formatStart(st.Start))
 	a := st.Arena
 	fmt.Fprintf(w, "arena   %s of %s used (%.0f%%), %d objects (%s held, %d slabs, index %s off-heap), %d leased, fragmentation %.2f, evicted %d (spilled %d, dropped %d)\n",
 		fb(a.UsedBytes), fb(a.SizeBytes), 100*float64(a.UsedBytes)/float64(max(a.SizeBytes, 1)), a.Objects, fb(a.HeldBytes), a.Slabs, fb(a.IndexBytes),
@@ -132,6 +133,39 @@ func writeInspect(w io.Writer, st node.Stats) error {
 		}
 	}
 	return nil
+}
+
+// formatStart says how the service's start went: whether it is ready (or
+// how far it is), what it kept of the service before, and how long it took.
+func formatStart(s node.StartStats) string {
+	var b strings.Builder
+	if s.State == node.StateReady {
+		fmt.Fprintf(&b, "ready after %s (listening after %s)", s.ReadyAfter.Round(time.Millisecond), s.ListeningAfter.Round(time.Millisecond))
+	} else {
+		fmt.Fprintf(&b, "%s, serving what is ready (listening after %s)", s.Message, s.ListeningAfter.Round(time.Millisecond))
+	}
+	switch {
+	case s.Warm:
+		clean := "killed or crashed"
+		if s.PreviousClean {
+			clean = "shut down cleanly"
+		}
+		fmt.Fprintf(&b, "; restart %d on arena file %s (the service before %s): %d objects recovered, %d lost", s.Restarts, s.ArenaFile, clean, s.Recovered, s.Lost)
+		if s.LostEvicted > 0 {
+			fmt.Fprintf(&b, ", %d evicted to the spill and lost with its write buffers", s.LostEvicted)
+		}
+	case s.ArenaFile != "":
+		fmt.Fprintf(&b, "; arena file %s started empty: %s", s.ArenaFile, s.ColdReason)
+		if s.DroppedAtStart > 0 {
+			fmt.Fprintf(&b, " (%d objects dropped)", s.DroppedAtStart)
+		}
+		if s.Restarts > 0 {
+			fmt.Fprintf(&b, "; restart %d", s.Restarts)
+		}
+	default:
+		b.WriteString("; anonymous arena: a restart starts it empty (--arena-file on a tmpfs keeps it)")
+	}
+	return b.String()
 }
 
 // formatFaults lists a store's errors by kind (", faults: io 3, timeout 1"), or

@@ -28,6 +28,9 @@ type serveSettings struct {
 	settings map[string]*setting
 	level    slog.Level
 	config   string
+	// arenaFileSet: --arena-file was given (flag, environment or file);
+	// otherwise the arena file goes beside the socket (defaultArenaFile).
+	arenaFileSet bool
 }
 
 // setting is one setting of `strata serve`: how to read it from text (a flag, an
@@ -114,6 +117,16 @@ func newServeSettings() *serveSettings {
 	str("socket-group", "group (name or id) the socket belongs to", &c.SocketGroup)
 	str("admin", "loopback address of the admin port (/healthz, /metrics, /stats); port 0 picks one; empty turns it off", &c.Admin)
 	size("arena", "DRAM arena size, e.g. 4GiB", &c.ArenaBytes)
+	add("arena-file", "the arena's memory as a file on tmpfs or hugetlbfs, so that a restarted service (after a kill, a crash, an upgrade) finds its objects again; its tmpfs must hold --arena; one service per file; '' for anonymous memory, empty at every start. "+
+		"By default beside the socket (/run/strata/strata.sock: /run/strata/strata.arena), falling back to anonymous memory with a warning when that is no tmpfs large enough",
+		kindString, func(v string) error { c.ArenaFile, s.arenaFileSet = v, true; return nil },
+		func() string {
+			if s.arenaFileSet {
+				return c.ArenaFile
+			}
+			return defaultArenaFile(c.Socket)
+		})
+	duration("shutdown-timeout", "on SIGTERM, time requests in flight get to finish before they are failed, e.g. 10s", &c.ShutdownTimeout)
 	frac("high-watermark", "arena fill that starts eviction", &c.HighWatermark)
 	frac("low-watermark", "arena fill eviction stops at", &c.LowWatermark)
 	str("spill-dir", "SSD directory for evicted objects, created if missing and checked writable at start (empty: drop them)", &c.SpillDir)
@@ -434,6 +447,9 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if err := s.load(fs, given()); err != nil {
 		return err
 	}
+	if !s.arenaFileSet {
+		s.cfg.ArenaFile, s.cfg.ArenaFileFallback = defaultArenaFile(s.cfg.Socket), true
+	}
 	s.cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: s.level}))
 	if err := s.cfg.Validate(); err != nil {
 		return usageError{err}
@@ -446,6 +462,13 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 			return usagef("--socket %s: cannot create its directory: %v; create %s, or choose a socket path in a directory this user can write", s.cfg.Socket, err, dir)
 		}
 	}
+	// An arena file named on purpose gets its directory, as the socket does
+	// (only the service's user may list it: it holds the cache's contents).
+	if s.arenaFileSet && s.cfg.ArenaFile != "" {
+		if err := os.MkdirAll(filepath.Dir(s.cfg.ArenaFile), 0o700); err != nil {
+			return usagef("--arena-file %s: cannot create its directory: %v; create it, or choose a path on a tmpfs this user can write", s.cfg.ArenaFile, err)
+		}
+	}
 	raiseFDLimit(s.cfg.Logger)
 	srv, err := node.New(s.cfg)
 	if err != nil {
@@ -454,10 +477,25 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		}
 		return err
 	}
-	fmt.Fprintf(stdout, "strata serve: socket %s, admin %s\n", srv.Socket(), srv.AdminAddr())
+	st := srv.Stats().Start
+	arenaNote := "anonymous arena: a restart starts it empty"
+	switch {
+	case st.Warm:
+		arenaNote = fmt.Sprintf("arena file %s kept from the service before, recovering its objects", st.ArenaFile)
+	case st.ArenaFile != "":
+		arenaNote = fmt.Sprintf("arena file %s, empty (%s)", st.ArenaFile, st.ColdReason)
+	}
+	fmt.Fprintf(stdout, "strata serve: socket %s, admin %s, %s\n", srv.Socket(), srv.AdminAddr(), arenaNote)
 	<-ctx.Done()
-	s.cfg.Logger.Info("shutting down")
+	s.cfg.Logger.Info("shutting down", "timeout", s.cfg.ShutdownTimeout)
 	return srv.Close()
+}
+
+// defaultArenaFile is the arena file of a service on socket when
+// --arena-file is not given: beside the socket, in the service's runtime
+// directory, named after it (/run/strata/strata.sock: /run/strata/strata.arena).
+func defaultArenaFile(socket string) string {
+	return strings.TrimSuffix(socket, filepath.Ext(socket)) + ".arena"
 }
 
 // raiseFDLimit raises the soft limit on open descriptors to the hard limit:

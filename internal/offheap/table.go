@@ -48,6 +48,28 @@ func NewTable() (Table, error) {
 	return Table{slots: s, mask: minSlots - 1}, nil
 }
 
+// Presize makes an empty table hold n entries without growing, at a load of
+// at most 3/4: for a caller that is about to insert that many (rebuilding an
+// index), every insert and lookup then probes one table, never a migration.
+// It does nothing to a table that holds entries or is large enough. It fails
+// with ErrMap, leaving the table as it was.
+func (t *Table) Presize(n int) error {
+	want := minSlots
+	for want*3 < n*4 {
+		want *= 2
+	}
+	if t.n > 0 || t.old != nil || want <= len(t.slots) {
+		return nil
+	}
+	s, err := mapSlice[uint64](want)
+	if err != nil {
+		return err
+	}
+	unmapSlice(t.slots)
+	t.slots, t.mask = s, uint64(want-1)
+	return nil
+}
+
 // Close unmaps the table's memory; the table is closed, as a zero Table.
 func (t *Table) Close() {
 	unmapSlice(t.slots)
@@ -135,6 +157,12 @@ func (t *Table) Find(bits uint32, match func(idx uint32) bool) uint32 {
 	}
 	return 0
 }
+
+// Touch reads the slot a lookup under hash bits starts at, and returns it: a
+// caller about to look up many keys touches all their slots first, and the
+// cache misses of those independent loads overlap instead of coming one
+// lookup at a time.
+func (t *Table) Touch(bits uint32) uint64 { return t.slots[uint64(bits)&t.mask] }
 
 // probeFor is the position of slot value s in slots, -1 when it is not in
 // the probe run from its home.

@@ -197,3 +197,38 @@ func TestTableRemoveMissingPanics(t *testing.T) {
 		t.Fatal("a failed Remove changed the table")
 	}
 }
+
+// Presize gives an empty table the slots for n entries at once: inserting
+// them never grows it (no migration, one table to probe), and it is refused
+// quietly for a table that holds entries.
+func TestTablePresize(t *testing.T) {
+	tab, err := NewTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tab.Close()
+	const n = 100_000
+	if err := tab.Presize(n); err != nil {
+		t.Fatal(err)
+	}
+	slots := tab.Slots()
+	if slots*3 < n*4 || slots&(slots-1) != 0 {
+		t.Fatalf("presized for %d entries: %d slots", n, slots)
+	}
+	for i := uint32(1); i <= n; i++ {
+		if err := tab.Insert(i, i*2654435761); err != nil {
+			t.Fatal(err)
+		}
+		if tab.old != nil || tab.Slots() != slots {
+			t.Fatalf("insert %d of a presized table grew it", i)
+		}
+	}
+	for i := uint32(1); i <= n; i++ {
+		if got := tab.Find(i*2654435761, func(idx uint32) bool { return idx == i }); got != i {
+			t.Fatalf("find %d: %d", i, got)
+		}
+	}
+	if err := tab.Presize(4 * n); err != nil || tab.Slots() != slots {
+		t.Fatalf("presize of a table holding entries: %v, %d slots", err, tab.Slots())
+	}
+}

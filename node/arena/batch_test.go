@@ -125,12 +125,12 @@ func TestBatchLeaseOfRemovedObject(t *testing.T) {
 	if !bytes.Equal(leases[0].Bytes(), pattern("k", 8192)) || !bytes.Equal(leases[2].Bytes(), pattern("k", 8192)) {
 		t.Fatal("leased bytes changed after Remove")
 	}
-	if st := a.Stats(); st.UsedBytes != 8192+2*4096 || st.Leases != 3 || st.LeasedObjects != 2 {
+	if st := a.Stats(); st.UsedBytes != 8192+2*4096+descSlab || st.Leases != 3 || st.LeasedObjects != 2 {
 		t.Fatalf("stats with a removed, leased object: %+v", st)
 	}
 	mustCheck(t, a)
 	a.ReleaseAll(leases)
-	if st := a.Stats(); st.UsedBytes != 2*4096 || st.Leases != 0 || st.LeasedObjects != 0 {
+	if st := a.Stats(); st.UsedBytes != 2*4096+descSlab || st.Leases != 0 || st.LeasedObjects != 0 {
 		t.Fatalf("stats after ReleaseAll: %+v", st)
 	}
 	read(t, a, "k", 1, 4096)
@@ -167,7 +167,7 @@ func TestBatchLeaseAcrossClose(t *testing.T) {
 	}
 	a.ReleaseAll(leases)
 	a.mu.Lock()
-	unmapped := a.region == nil
+	unmapped := a.back == nil
 	a.mu.Unlock()
 	if !unmapped {
 		t.Fatal("memory still mapped after ReleaseAll of the last leases")

@@ -40,6 +40,7 @@ func sparseArena(b *testing.B, size int64) *Arena {
 	cfg := DefaultConfig(size)
 	cfg.Allocator, cfg.Logger = al, slog.New(slog.DiscardHandler)
 	cfg.HighWatermark, cfg.LowWatermark = 1, 0.99
+	cfg.Warmup = false // sparse: only what objects touch becomes resident
 	a, err := New(cfg)
 	if err != nil {
 		b.Fatal(err)

@@ -24,6 +24,7 @@ func BenchmarkWriteRead(b *testing.B) {
 	}
 	cfg := DefaultConfig(64 << 20)
 	cfg.Allocator, cfg.Logger = al, slog.New(slog.DiscardHandler)
+	cfg.Warmup = false // prefaulted by the allocator
 	var spilled atomic.Int64
 	cfg.OnEvict = func(e Evicted) bool { spilled.Add(int64(len(e.Bytes))); return true }
 	a, err := New(cfg)

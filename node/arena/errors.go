@@ -37,6 +37,12 @@ var (
 	ErrDone = errors.New("arena write already finished")
 	// ErrClosed: the arena was closed.
 	ErrClosed = fmt.Errorf("arena: %w", storage.ErrClosed)
+	// ErrFile: the arena file cannot be used (not on tmpfs, hugetlbfs or
+	// ramfs, not a regular file, or its file system has no room). The message
+	// says what to fix.
+	ErrFile = errors.New("arena file cannot be used")
+	// ErrLocked: another arena (another node service) has the arena file.
+	ErrLocked = errors.New("arena file is in use")
 	// ErrExtent: Extents.Free of a range that is not an allocated extent (a double
 	// free, a foreign offset, or the wrong length). The allocator is unchanged.
 	ErrExtent = errors.New("not an allocated extent")

@@ -78,9 +78,16 @@ func (a *Arena) evictToLow() {
 	// Objects may hold little while their slabs, mostly free slots, fill the
 	// extents: then a large object or a new slab finds no room, and every such
 	// Reserve would evict regions itself. Free whole regions here instead, next
-	// to the largest free extent, until the extents are back at the low watermark.
+	// to the largest free extent, until the extents are back at the low
+	// watermark, once they are past the high one: the extents always exceed
+	// what objects hold by the free slots of partly used slabs (the slab of
+	// large objects' descriptors among them), and that alone is no reason to
+	// evict out of LRU order.
 	regions := int64(0)
-	for ; !a.closed && a.ext.UsedUnits()*a.unit-a.inflightBytes > a.low && budget > 0; budget-- {
+	if a.regionFillLocked()-a.inflightBytes <= a.high {
+		budget = 0
+	}
+	for ; !a.closed && a.regionFillLocked()-a.inflightBytes > a.low && budget > 0; budget-- {
 		if !a.evictRegionLocked(a.ext.Size() + 1) {
 			break
 		}
@@ -96,7 +103,7 @@ func (a *Arena) evictToLow() {
 // package comment on eviction describes, and reports whether it found one to
 // evict.
 func (a *Arena) evictRegionLocked(units int64) bool {
-	var start, end int64 // the region's byte range
+	var start int64 // the region's first unit
 	var victims []uint32
 	checked := 0
 	a.ext.FreeListDescending(func(off, n int64) bool {
@@ -107,7 +114,7 @@ func (a *Arena) evictRegionLocked(units int64) bool {
 			if nb < 0 || nb >= a.ext.Size() {
 				continue
 			}
-			if victims, start, end = a.regionVictims(nb); len(victims) > 0 {
+			if victims, start = a.regionVictims(nb); len(victims) > 0 {
 				return false
 			}
 		}
@@ -119,45 +126,54 @@ func (a *Arena) evictRegionLocked(units int64) bool {
 		if v == 0 {
 			return false
 		}
-		r := a.rec(v)
-		u := r.off / a.unit
-		if r.flags&flagSlab != 0 {
-			u = a.slabs[r.ref-1].off / a.unit
-		}
-		if victims, start, end = a.regionVictims(u); len(victims) == 0 {
-			victims, start, end = []uint32{v}, r.off, r.off+a.spanOf(r) // a slab with a pinned object: its victim alone
+		u := a.placeOf(a.rec(v))
+		if victims, start = a.regionVictims(u); len(victims) == 0 {
+			victims, start = []uint32{v}, u // a slab with a pinned object: its victim alone
 		}
 	}
 	a.regionEvictions++
 	for _, v := range victims {
 		// The lock was dropped during the last OnEvict: the record may have
 		// been freed, or reused for an object elsewhere, meanwhile.
-		if r := a.rec(v); r.state == committed && r.flags&flagInLRU != 0 && r.off >= start && r.off < end && !a.closed {
+		if r := a.rec(v); r.state == committed && r.flags&flagInLRU != 0 && a.inRegion(r, start) && !a.closed {
 			a.evictLocked(v)
 		}
 	}
 	return true
 }
 
+// inRegion reports whether r lies in the region that starts at unit u: its
+// extent, or the slab its slot is in.
+func (a *Arena) inRegion(r *record, u int64) bool {
+	return a.slabOf(r).off/a.unit == u || r.flags&flagLarge != 0 && a.bytesOff(r)/a.unit == u
+}
+
 // regionVictims is the objects of the allocated extent that starts at unit u,
-// and its byte range, if every one of them can be evicted; nil otherwise.
-func (a *Arena) regionVictims(u int64) ([]uint32, int64, int64) {
+// and u, if every one of them can be evicted; nil otherwise. Memory not warmed
+// yet, what recovery has not read yet, and a slab holding large objects'
+// descriptors are no region to evict.
+func (a *Arena) regionVictims(u int64) ([]uint32, int64) {
 	o, ok := a.owner[u]
-	if !ok {
-		return nil, 0, 0
+	if !ok || o == ownerWithheld || o == ownerOrphan {
+		return nil, 0
 	}
 	if o&slabOwner == 0 {
 		r := a.rec(o)
 		if r.flags&flagInLRU == 0 {
-			return nil, 0, 0
+			return nil, 0
 		}
-		return []uint32{o}, r.off, r.off + a.spanOf(r)
+		return []uint32{o}, u
 	}
 	id := o &^ slabOwner
+	if a.slabs[id].unscanned {
+		return nil, 0
+	}
 	var victims []uint32
 	all := true
 	a.slabObjects(id, func(idx uint32) bool {
-		if a.rec(idx).flags&flagInLRU == 0 {
+		// A large object's descriptor pins its slab: evicting the slab would
+		// evict objects whose bytes lie elsewhere, and free little.
+		if r := a.rec(idx); r.flags&flagInLRU == 0 || r.flags&flagLarge != 0 {
 			all = false
 			return false
 		}
@@ -165,10 +181,9 @@ func (a *Arena) regionVictims(u int64) ([]uint32, int64, int64) {
 		return true
 	})
 	if !all || len(victims) == 0 {
-		return nil, 0, 0
+		return nil, 0
 	}
-	s := &a.slabs[id]
-	return victims, s.off, s.off + s.span
+	return victims, u
 }
 
 // evictLocked evicts v, an object on the LRU list, calling OnEvict without the
@@ -180,7 +195,7 @@ func (a *Arena) evictLocked(v uint32) bool {
 	span := a.spanOf(r)
 	a.inflight++
 	a.inflightBytes += span
-	ev := Evicted{Key: a.keyString(r), Format: r.format, Bytes: a.mem[r.off : r.off+r.size : r.off+r.size]}
+	ev := Evicted{Key: a.keyString(r), Format: r.format, Bytes: a.bytesOf(r)}
 
 	a.mu.Unlock()
 	finished := false
@@ -224,6 +239,11 @@ func (a *Arena) evictLocked(v uint32) bool {
 		return false
 	}
 	size := r.size
+	if spilled {
+		// Kept elsewhere, maybe in a buffer a kill loses: the file says so
+		// before the object leaves it (evictlog.go).
+		a.appendLogLocked(logEvicted, ev.Key, ev.Format)
+	}
 	a.unindexLocked(v)
 	a.freeLocked(v)
 	a.evictions++

@@ -63,6 +63,35 @@ func NewExtents(size int64) *Extents {
 	return x
 }
 
+// Span is a run of units: an extent.
+type Span struct{ Off, N int64 }
+
+// RebuildExtents returns an allocator of size units in which exactly the
+// extents of allocated are allocated; they must be in offset order, each of
+// at least one unit, inside [0, size) and not overlapping. A restarted arena
+// rebuilds its allocator so, in one pass, from the extents its unit map
+// records.
+func RebuildExtents(size int64, allocated []Span) (*Extents, error) {
+	x := NewExtents(0)
+	x.size = max(size, 0)
+	next := int64(0)
+	for _, s := range allocated {
+		if s.N <= 0 || s.Off < next || s.Off+s.N > x.size {
+			return nil, fmt.Errorf("rebuild [%d, +%d): out of order, overlapping or outside [0, %d): %w", s.Off, s.N, x.size, ErrExtent)
+		}
+		if s.Off > next {
+			x.insertFree(next, s.Off-next)
+		}
+		x.alloc[s.Off] = s.N
+		x.allocEnd[s.Off+s.N] = s.Off
+		next = s.Off + s.N
+	}
+	if next < x.size {
+		x.insertFree(next, x.size-next)
+	}
+	return x, nil
+}
+
 // Size is the number of units the allocator manages.
 func (x *Extents) Size() int64 { return x.size }
 

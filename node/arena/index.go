@@ -11,22 +11,26 @@ import "fmt"
 // collector never scans either, so holding 100M objects costs a collection
 // nothing, and the metadata of an object is its record and its hash table
 // slot (8 bytes at a load of 3/8 to 3/4) whatever its key's length. The key
-// itself lies in the arena beside the object's bytes (small objects) or in key
-// blocks of the index (objects in extents of their own, whose bytes fill their
-// extent to the alignment), and lookups compare the real key bytes, so a hash
-// collision never serves a foreign object.
+// itself lies in the arena, in the object's slot (layout.go): after its bytes
+// for a small object, in its descriptor slot for one in an extent of its own
+// (whose bytes fill their extent to the alignment); lookups compare the real
+// key bytes, so a hash collision never serves a foreign object. The index is
+// this process's only: a restarted service rebuilds it from the slots
+// (recover.go).
 
 // record is one object's metadata. Its size is part of the arena's memory budget:
 // keep it at 48 bytes.
 type record struct {
 	hash   uint64 // hash of the key
 	format uint64
-	off    int64 // byte offset of the object's bytes in the region
-	size   int64 // the object's bytes
+	// off is the byte offset in the region of the object's slot: where a small
+	// object's bytes begin, or a large object's descriptor (its bytes lie where
+	// the descriptor says).
+	off  int64
+	size int64 // the object's bytes
 	// prev and next link the LRU list (record 0 is its sentinel).
 	prev, next uint32
-	// ref is, for an object in a slab, 1 + the slab's id, its key lying right after
-	// its bytes; for an object in an extent of its own, 1 + the first key block.
+	// ref is 1 + the id of the slab the object's slot is in.
 	ref    uint32
 	keyLen uint16
 	state  state
@@ -34,20 +38,13 @@ type record struct {
 }
 
 const (
-	flagSlab     = 1 << iota // the object lies in a slab (ref is a slab), not in an extent of its own
-	flagEvicting             // OnEvict runs on it now: its bytes must stay
-	flagTouched              // acquired while evicting: recently used after all
-	flagInLRU                // on the LRU list
-	flagDoomed               // pending, and removed meanwhile: its Commit drops it (remove.go)
+	flagLarge     = 1 << iota // the object's bytes lie in an extent of their own, its slot is a descriptor
+	flagEvicting              // OnEvict runs on it now: its bytes must stay
+	flagTouched               // acquired while evicting: recently used after all
+	flagInLRU                 // on the LRU list
+	flagDoomed                // pending, and removed meanwhile: its Commit drops it (remove.go)
+	flagRecovered             // found by recovery and not used since: its recency is its commit's (recover.go)
 )
-
-// keyBlock holds keyBlockData bytes of a key and links to the next block.
-type keyBlock struct {
-	data [keyBlockData]byte
-	next uint32 // 1 + the next block, 0 at the last
-}
-
-const keyBlockData = 60
 
 // indexErr makes a failure of the index's pools or table, out of mapped memory
 // or of indexes, an ErrNoSpace: what the arena's callers handle.

@@ -15,6 +15,22 @@ func (a *Arena) lruPushFront(i uint32) {
 	a.rec(root.next).prev = i
 	root.next = i
 	r.flags |= flagInLRU
+	r.flags &^= flagRecovered // used since recovery: its recency is its own now
+	a.lruN++
+}
+
+// lruPushBack puts i at the back, the least recently used end: where
+// recovery puts the objects it finds (recover.go).
+func (a *Arena) lruPushBack(i uint32) {
+	r := a.rec(i)
+	if r.flags&flagInLRU != 0 {
+		a.lruRemove(i)
+	}
+	root := a.rec(0)
+	r.next, r.prev = 0, root.prev
+	a.rec(root.prev).next = i
+	root.prev = i
+	r.flags |= flagInLRU
 	a.lruN++
 }
 

@@ -56,16 +56,23 @@ type arenaModel struct {
 }
 
 // span is what an object of size bytes under key holds: a slot of its size class
-// (slab.go), or an extent of its own.
+// (slab.go), or an extent of its own and a descriptor slot; and fresh, room in
+// a free extent with which its Reserve cannot fail (a new slab, or its extent
+// and a new slab for its descriptor).
 func (m *arenaModel) span(size int, key string) (span, fresh int64) {
-	if c := classOf(int64(size + len(key) + slotIndexBytes)); size < int(m.unit) && c >= 0 {
-		slab := (max(m.slab, 4*classes[c]) + m.unit - 1) / m.unit * m.unit
-		if slab <= m.size {
+	slabOf := func(c int) int64 { return (max(m.slab, 4*classes[c]) + m.unit - 1) / m.unit * m.unit }
+	if c := classOf(int64(size + len(key) + trailerBytes)); size < int(m.unit) && c >= 0 {
+		if slab := slabOf(c); slab <= m.size {
 			return classes[c], slab
 		}
 	}
-	span = (int64(size) + m.unit - 1) / m.unit * m.unit
-	return span, span
+	d := classOf(int64(len(key) + descBytes))
+	desc := slabOf(d)
+	if desc > m.size {
+		desc = (classes[d] + m.unit - 1) / m.unit * m.unit
+	}
+	ext := (int64(size) + m.unit - 1) / m.unit * m.unit
+	return ext + classes[d], ext + desc
 }
 
 // data is the content of object id: ids are unique, so a stale read shows.
@@ -308,8 +315,8 @@ func TestArenaModel(t *testing.T) {
 		cfg.HighWatermark, cfg.LowWatermark = 1, 0.99 // eviction only by Reserve
 		m := &arenaModel{
 			unit: unit,
-			// Short keys, and long ones that take several key blocks or push a
-			// small object out of the slabs.
+			// Short keys, and long ones that take large descriptor slots or
+			// push a small object out of the slabs.
 			keys:  []string{"a", "b", "c", "d", "e", "f", "g", "h", strings.Repeat("i", 61), strings.Repeat("j", 130)},
 			slab:  cfg.SlabBytes,
 			size:  cfg.SizeBytes,

@@ -154,7 +154,7 @@ func (a *Arena) leaseLocked(key string, h, format uint64) (uint32, []byte, error
 	if r.flags&flagEvicting != 0 {
 		r.flags |= flagTouched
 	}
-	return idx, a.mem[r.off : r.off+r.size : r.off+r.size], nil
+	return idx, a.bytesOf(r), nil
 }
 
 // Key is the leased object's key.

@@ -24,8 +24,8 @@ func useInOrder(t *testing.T, a *Arena, keys []string) {
 
 func TestReserveInFragmentedArenaEvictsRegions(t *testing.T) {
 	const unit = 4096
-	const n = 256
-	cfg := testConfig(t, n*unit)
+	const n = 240 // and one slab of 16 units for their descriptors
+	cfg := testConfig(t, (n+16)*unit)
 	cfg.HighWatermark, cfg.LowWatermark = 1, 0.99 // only the Reserve evicts
 	evicted := 0
 	cfg.OnEvict = func(Evicted) bool { evicted++; return true }
@@ -72,8 +72,8 @@ func TestReserveInArenaFullOfSlabsEvictsOneSlab(t *testing.T) {
 	a := newArena(t, cfg)
 	const size = 100
 	key := func(i int) string { return fmt.Sprintf("s-%05d", i) }
-	// 100 bytes, a 7-byte key and the record index: class 112, 585 per slab.
-	perSlab := int(int64(64<<10) / classes[classOf(size+7+slotIndexBytes)])
+	// 100 bytes, a 7-byte key and the trailer: class 160, 409 per slab.
+	perSlab := int(int64(64<<10) / classes[classOf(size+7+trailerBytes)])
 	total := slabs * perSlab
 	for i := range total {
 		put(t, a, key(i), 1, size)
@@ -91,13 +91,23 @@ func TestReserveInArenaFullOfSlabsEvictsOneSlab(t *testing.T) {
 	}
 	useInOrder(t, a, order)
 
+	// The first large object needs a slab for its descriptor too: two slabs'
+	// worth of room, one for its bytes, one for the descriptors of every large
+	// object after it.
 	put(t, a, "big", 1, 16*unit)
 	t.Logf("a 64 KiB Reserve evicted %d objects, %d per slab", evicted, perSlab)
-	if max := lruVictims + perSlab; evicted > max {
-		t.Fatalf("a 64 KiB Reserve in an arena full of slabs evicted %d objects; want at most %d (one slab's)", evicted, max)
+	if max := 2 * (lruVictims + perSlab); evicted > max {
+		t.Fatalf("a 64 KiB Reserve in an arena full of slabs evicted %d objects; want at most %d (two slabs')", evicted, max)
 	}
 	if st := a.Stats(); st.Slabs != slabs-1 || st.Objects != int64(total-evicted+1) {
-		t.Fatalf("stats %+v after %d evictions: want one slab gone", st, evicted)
+		t.Fatalf("stats %+v after %d evictions: want two slabs gone and one of descriptors", st, evicted)
+	}
+	// The next large object's descriptor takes a slot of that slab: one
+	// slab's worth at most.
+	evicted = 0
+	put(t, a, "big2", 1, 16*unit)
+	if max := lruVictims + perSlab; evicted > max {
+		t.Fatalf("a second 64 KiB Reserve evicted %d objects; want at most %d (one slab's)", evicted, max)
 	}
 	read(t, a, "big", 1, 16*unit)
 	mustCheck(t, a)
@@ -113,7 +123,7 @@ func TestSmallReserveWithoutFreeSlotEvictsOneSlab(t *testing.T) {
 	cfg.OnEvict = func(Evicted) bool { evicted++; return true }
 	a := newArena(t, cfg)
 	key := func(i int) string { return fmt.Sprintf("s-%05d", i) }
-	perSlab := int(int64(64<<10) / classes[classOf(100+7+slotIndexBytes)])
+	perSlab := int(int64(64<<10) / classes[classOf(100+7+trailerBytes)])
 	for i := range slabs * perSlab {
 		put(t, a, key(i), 1, 100)
 	}
@@ -146,7 +156,7 @@ func TestBackgroundEvictsSparseSlabs(t *testing.T) {
 	// above the low one, so nothing may ask the evictor for a pass (paused, it
 	// keeps any request where the test sees it).
 	resume := pauseEvictor(a)
-	perSlab := int(int64(64<<10) / classes[classOf(100+7+slotIndexBytes)])
+	perSlab := int(int64(64<<10) / classes[classOf(100+7+trailerBytes)])
 	n := 14 * perSlab
 	for i := range n {
 		put(t, a, key(i), 1, 100)

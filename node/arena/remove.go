@@ -33,15 +33,20 @@ type removal struct {
 // BeginRemove removes key's object, as the package comment on removal says,
 // and holds key removed until end is called, which must happen (defer it).
 // removed reports whether there was a committed object or a pending write to
-// remove. It waits only for an eviction of the key in flight (OnEvict's
-// duration), never for leases or writers.
+// remove. It waits for an eviction of the key in flight (OnEvict's
+// duration), never for leases or writers; and while the arena recovers the
+// objects of its file, until recovery ends (recover.go): a copy of the key in
+// a slab not read yet would come back after the removal. A caller with a
+// deadline waits in AwaitRecovered first.
 func (a *Arena) BeginRemove(key string) (removed bool, end func()) {
 	h := maphash.String(a.seed, key)
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.awaitRecoveredLocked()
 	if a.closed {
 		return false, func() {}
 	}
+	a.appendLogLocked(logRemoved, key, 0) // whatever a recent eviction kept of it goes too
 	rm := a.removing[key]
 	if rm == nil {
 		rm = &removal{done: make(chan struct{})}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Stats is a snapshot of an arena's fill and counters.
@@ -61,6 +62,67 @@ type Stats struct {
 	Removals            int64 `json:"removals"`
 	RemovedWhileWritten int64 `json:"removedWhileWritten"`
 	RemoveWaits         int64 `json:"removeWaits"`
+	// Ready is true once the arena is done starting: its memory is warmed up
+	// (Config.Warmup) and the objects of its file are recovered. Until then it
+	// serves what it has: ReadyBytes of memory populated and given out, the
+	// objects recovered so far.
+	Ready      bool  `json:"ready"`
+	ReadyBytes int64 `json:"readyBytes"`
+	// ReadyAfter is the time from New to ready, once ready.
+	ReadyAfter time.Duration `json:"readyAfter,omitempty"`
+	// UnusableBytes is memory the warm-up could not populate (the arena file's
+	// file system or huge page pool is full): never given out.
+	UnusableBytes int64 `json:"unusableBytes,omitempty"`
+	// WarmupTook is how long populating the memory took, once it is done.
+	WarmupTook time.Duration `json:"warmupTook,omitempty"`
+	// Recovery is what this start found in the arena file.
+	Recovery RecoveryStats `json:"recovery"`
+}
+
+// RecoveryStats is what an arena's start found and recovered.
+type RecoveryStats struct {
+	// File is the arena file, "" for an anonymous arena.
+	File string `json:"file,omitempty"`
+	// Warm is true when this start found the objects of the file (a restart on
+	// the same arena file); otherwise the arena started empty and Cold says
+	// why (a new file, another geometry, a damaged superblock, anonymous).
+	Warm bool   `json:"warm"`
+	Cold string `json:"cold,omitempty"`
+	// PreviousClean is true when the service before shut down cleanly, false
+	// after a crash or a kill (whose objects are recovered just the same).
+	PreviousClean bool `json:"previousClean"`
+	// DroppedAtStart is, for a cold start on a file that held an arena of
+	// another geometry, the objects it held at its last clean close (0 when it
+	// was not closed cleanly: the count was not recorded).
+	DroppedAtStart int64 `json:"droppedAtStart,omitempty"`
+	// ContentID names the arena's contents: random when it starts empty, the
+	// same across warm restarts. A client that sees it change knows the
+	// objects it stored are gone.
+	ContentID uint64 `json:"contentId"`
+	// Starts counts the services started on the arena file, this one included
+	// (kept across a cold start on an old file whose superblock was valid); 1
+	// for an anonymous arena.
+	Starts uint64 `json:"starts"`
+	// Recovering is true while the slabs are being read; SlabsRead of Slabs.
+	Recovering bool  `json:"recovering"`
+	SlabsRead  int64 `json:"slabsRead"`
+	Slabs      int64 `json:"slabs"`
+	// Recovered counts the committed objects found (RecoveredBytes their
+	// bytes); Lost, slots that looked committed but failed their checks
+	// (damage: dropped, never served); Duplicates, copies of a key dropped
+	// for a newer one; UnfinishedWrites, large objects whose write was in
+	// flight at the kill (their space freed); BadUnitMapWords, damaged words
+	// of the unit map, cleared.
+	Recovered        int64 `json:"recovered"`
+	RecoveredBytes   int64 `json:"recoveredBytes"`
+	Lost             int64 `json:"lost"`
+	Duplicates       int64 `json:"duplicates"`
+	UnfinishedWrites int64 `json:"unfinishedWrites"`
+	BadUnitMapWords  int64 `json:"badUnitMapWords"`
+	// IndexTook is how long rebuilding the allocator took (inside New);
+	// Took, the whole recovery from New on, once it is over.
+	IndexTook time.Duration `json:"indexTook"`
+	Took      time.Duration `json:"took,omitempty"`
 }
 
 // Stats returns the arena's fill and counters. It is safe to call at any time,
@@ -70,7 +132,7 @@ func (a *Arena) Stats() Stats {
 	defer a.mu.Unlock()
 	return Stats{
 		SizeBytes:         a.size,
-		UsedBytes:         a.ext.UsedUnits() * a.unit,
+		UsedBytes:         a.extentsUsedLocked(),
 		HeldBytes:         a.held,
 		Objects:           a.committed,
 		ObjectBytes:       a.committedBytes,
@@ -79,7 +141,7 @@ func (a *Arena) Stats() Stats {
 		LeasedObjects:     a.leased,
 		Leases:            a.leases,
 		Slabs:             int64(len(a.slabs) - len(a.freeSlabs)),
-		IndexBytes:        a.recs.Bytes() + a.keys.Bytes() + a.tab.Bytes(),
+		IndexBytes:        a.recs.Bytes() + a.tab.Bytes(),
 		FreeExtents:       int64(a.ext.FreeExtents()),
 		LargestFreeExtent: a.ext.LargestFree() * a.unit,
 		Fragmentation:     a.ext.Fragmentation(),
@@ -94,21 +156,45 @@ func (a *Arena) Stats() Stats {
 		Removals:            a.removals,
 		RemovedWhileWritten: a.removedPending,
 		RemoveWaits:         a.removeWaits,
+
+		Ready:         a.readyDone,
+		ReadyBytes:    a.warm.readyBytes,
+		ReadyAfter:    a.readyAfter,
+		UnusableBytes: a.warm.failed * a.unit,
+		WarmupTook:    a.warm.took,
+		Recovery:      a.recoveryStatsLocked(),
 	}
 }
 
+func (a *Arena) recoveryStatsLocked() RecoveryStats {
+	r := &a.rcv
+	st := RecoveryStats{File: r.file, Warm: r.warm, PreviousClean: r.prevClean, ContentID: r.contentID, Starts: r.starts,
+		Recovering: r.active, SlabsRead: int64(r.read), Slabs: int64(len(r.unscanned)),
+		Recovered: r.recovered, RecoveredBytes: r.recoveredBytes, Lost: r.lost, Duplicates: r.duplicates,
+		UnfinishedWrites: r.orphansFreed, BadUnitMapWords: r.badUnits, IndexTook: r.indexTook}
+	if !r.warm {
+		st.Cold, st.DroppedAtStart = r.why, r.prevObjs
+	}
+	if !r.active {
+		st.Took = r.took
+	}
+	return st
+}
+
 // Check verifies the arena's invariants and returns every violation found: the
-// allocator's own; every allocated extent belonging to exactly one object or
-// slab; every live record (indexed, or removed but pinned) lying where its extent
-// or slot says, the indexed ones found by their key; the slabs' counts and free
-// lists; the LRU list holding exactly the committed objects nothing pins; and the
-// counters agreeing with a walk of the records. It walks everything under the
-// lock; tests and debugging use it. After the memory is released at Close there
-// is nothing to check.
+// allocator's own; every allocated extent belonging to exactly one object,
+// slab, withheld piece or unmatched extent, and the unit map recording exactly
+// the slabs and large objects' extents; every live record (indexed, or removed
+// but pinned) lying where its slot says, its trailer naming it and its check
+// word set exactly while it is committed, the indexed ones found by their key;
+// the slabs' counts and free lists; the LRU list holding exactly the committed
+// objects nothing pins; and the counters agreeing with a walk of the records.
+// It walks everything under the lock; tests and debugging use it. After the
+// memory is released at Close there is nothing to check.
 func (a *Arena) Check() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.region == nil {
+	if a.back == nil {
 		return nil
 	}
 	var errs []error
@@ -120,12 +206,27 @@ func (a *Arena) Check() error {
 	a.ext.Allocated(func(off, n int64) bool { allocated[off] = n; return true })
 	var nCommitted, committedBytes, pendingN, pendingBytes, leases, leased, inflight, inflightBytes, held, lruWant, indexed int64
 	slabUsed := map[uint32]uint32{}
+	slabDescs := map[uint32]uint32{}
+	umWant := map[int64]uint32{} // unit → the unit map word it must hold
 	for idx := uint32(1); idx < a.recs.Len(); idx++ {
 		r := a.rec(idx)
 		if r.state == freed {
 			continue
 		}
+		id := r.ref - 1
+		if r.ref == 0 || int(id) >= len(a.slabs) || !a.slabs[id].live {
+			bad("record %d lies in slab %d, which is not live", idx, id)
+			continue
+		}
+		s := &a.slabs[id]
+		slotOff := r.off - s.off
+		if r.off < s.off || r.off >= s.off+s.span || slotOff%s.slot != 0 || slotOff/s.slot >= int64(s.carved) {
+			bad("record %d at %d is not in a carved slot of slab %d [%d, +%d)", idx, r.off, id, s.off, s.span)
+			continue
+		}
+		slabUsed[id]++
 		key := a.keyString(r)
+		end := a.slotEnd(r)
 		span := a.spanOf(r)
 		held += span
 		nl := int64(leasesOf(r))
@@ -137,6 +238,31 @@ func (a *Arena) Check() error {
 		if evicting {
 			inflight++
 			inflightBytes += span
+		}
+		tr := a.readTrailer(end)
+		switch {
+		case tr.rec != idx:
+			bad("slot of object %q names record %d, not %d", key, tr.rec, idx)
+		case tr.format != r.format || int(tr.keyLen) != len(key):
+			bad("trailer of object %q says format %#x and a key of %d bytes", key, tr.format, tr.keyLen)
+		case r.state == committed && tr.check != a.checkOf(r.off, end):
+			bad("committed object %q has check word %#x, want %#x", key, tr.check, a.checkOf(r.off, end))
+		case r.state != committed && tr.check != 0:
+			bad("object %q in state %d has its commit mark set", key, r.state)
+		}
+		if r.flags&flagLarge != 0 {
+			bo, size := a.descriptor(end)
+			u := bo / a.unit
+			if tr.kind != kindLarge || size != r.size || bo%a.unit != 0 || allocated[u] != a.extUnits(r.size) || a.owner[u] != idx {
+				bad("large object %q at %d (%d bytes) does not own an extent of that length there", key, bo, r.size)
+			}
+			if int64(r.keyLen)+descBytes > s.slot {
+				bad("descriptor of %q does not fit its slot of %d bytes", key, s.slot)
+			}
+			umWant[u] = umWord(umLarge, a.extUnits(r.size))
+			slabDescs[id]++
+		} else if tr.kind != kindSmall || int64(tr.size) != r.size || r.size >= a.unit || r.size+int64(r.keyLen)+trailerBytes > s.slot {
+			bad("object %q of %d bytes (key %d) does not belong in a slot of %d bytes", key, r.size, r.keyLen, s.slot)
 		}
 		switch r.state {
 		case pending:
@@ -173,31 +299,6 @@ func (a *Arena) Check() error {
 		if inLRU {
 			lruWant++
 		}
-		if r.flags&flagSlab != 0 {
-			id := r.ref - 1
-			if int(id) >= len(a.slabs) || !a.slabs[id].live {
-				bad("object %q lies in slab %d, which is not live", key, id)
-				continue
-			}
-			s := &a.slabs[id]
-			slotOff := r.off - s.off
-			if r.off < s.off || r.off >= s.off+s.span || slotOff%s.slot != 0 || slotOff/s.slot >= int64(s.carved) {
-				bad("object %q at %d is not in a carved slot of slab %d [%d, +%d)", key, r.off, id, s.off, s.span)
-				continue
-			}
-			if r.size >= a.unit || r.size+int64(r.keyLen)+slotIndexBytes > s.slot {
-				bad("object %q of %d bytes (key %d) does not belong in a slot of %d bytes", key, r.size, r.keyLen, s.slot)
-			}
-			if got := binary.LittleEndian.Uint32(a.mem[r.off+s.slot-slotIndexBytes:]); got != idx {
-				bad("slot of object %q names record %d, not %d", key, got, idx)
-			}
-			slabUsed[id]++
-		} else {
-			u := r.off / a.unit
-			if r.off%a.unit != 0 || allocated[u] != span/a.unit || a.owner[u] != idx {
-				bad("object %q at %d (%d bytes) does not own an extent of that length there", key, r.off, span)
-			}
-		}
 	}
 	if int64(a.tab.Len()) != indexed {
 		bad("hash table holds %d records, %d are indexed", a.tab.Len(), indexed)
@@ -228,15 +329,29 @@ func (a *Arena) Check() error {
 		bad("LRU list has %d objects, counts %d, should hold %d", walked, a.lruN, lruWant)
 	}
 	liveSlabs := 0
+	var descFree int64
 	for id := range a.slabs {
 		s := &a.slabs[id]
 		if !s.live {
 			continue
 		}
 		liveSlabs++
+		if s.descs != slabDescs[uint32(id)] {
+			bad("slab %d counts %d descriptors, holds %d", id, s.descs, slabDescs[uint32(id)])
+		}
+		if s.descs > 0 {
+			descFree += s.span - int64(s.used)*s.slot
+		}
 		u := s.off / a.unit
+		umWant[u] = umWord(umSlab(int(s.class)), s.span/a.unit)
 		if allocated[u] != s.span/a.unit || a.owner[u] != slabOwner|uint32(id) {
 			bad("slab %d [%d, +%d) does not own its extent", id, s.off, s.span)
+		}
+		if s.unscanned {
+			if s.used != 0 || s.carved != 0 || s.onList || slabUsed[uint32(id)] != 0 {
+				bad("slab %d, not read yet, takes objects: %d used, %d carved", id, s.used, s.carved)
+			}
+			continue
 		}
 		if s.used != slabUsed[uint32(id)] || s.used == 0 || s.used > s.carved || s.carved > s.nslots {
 			bad("slab %d: %d slots used, %d objects in it, %d carved of %d", id, s.used, slabUsed[uint32(id)], s.carved, s.nslots)
@@ -252,6 +367,9 @@ func (a *Arena) Check() error {
 				break
 			}
 			free++
+			if c := *a.checkWord(s.off + int64(f)*s.slot); c != 0 {
+				bad("slab %d: free slot %d has its commit mark set", id, f-1)
+			}
 		}
 		if free != s.carved-s.used {
 			bad("slab %d: %d slots on the free list, want %d", id, free, s.carved-s.used)
@@ -268,13 +386,29 @@ func (a *Arena) Check() error {
 			}
 		}
 	}
-	for u := range a.owner {
+	var withheld, orphans int64
+	for u, o := range a.owner {
 		if _, ok := allocated[u]; !ok {
 			bad("owner of unit %d has no allocated extent", u)
+		}
+		switch o {
+		case ownerWithheld:
+			withheld += allocated[u]
+		case ownerOrphan:
+			orphans++
+			if k, n := umDecode(a.umap[u]); k != umLarge || n != allocated[u] {
+				bad("unmatched extent at unit %d is not a large object's in the unit map", u)
+			}
+			umWant[u] = a.umap[u]
 		}
 	}
 	if len(a.owner) != len(allocated) {
 		bad("%d owners for %d allocated extents: a leak", len(a.owner), len(allocated))
+	}
+	for u, w := range a.umap {
+		if want := umWant[int64(u)]; w != want {
+			bad("unit map word %d is %#x, want %#x", u, w, want)
+		}
 	}
 	for _, c := range []struct {
 		what      string
@@ -290,6 +424,9 @@ func (a *Arena) Check() error {
 		{"evictions in flight", a.inflight, inflight},
 		{"bytes in flight", a.inflightBytes, inflightBytes},
 		{"settled channels", int64(len(a.settled)), pendingN},
+		{"withheld units", a.warm.withheld + a.warm.failed, withheld},
+		{"unmatched extents", a.rcv.orphans, orphans},
+		{"free bytes of descriptor slabs", a.descFree, descFree},
 	} {
 		if c.got != c.want {
 			bad("%s: counter %d, walk %d", c.what, c.got, c.want)

@@ -2,6 +2,7 @@ package arena
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"hash/maphash"
 	"sync/atomic"
@@ -55,6 +56,10 @@ func (a *Arena) Reserve(key string, format uint64, size int64) (*Pending, error)
 		return nil, fmt.Errorf("reserve %q: %s is larger than the whole arena (%s); raise the arena size: %w",
 			key, hostmem.FormatBytes(size), hostmem.FormatBytes(a.size), ErrNoSpace)
 	}
+	if a.extUnits(size) > maxExtentUnits {
+		return nil, fmt.Errorf("reserve %q: %s is more than the %d units of %d bytes an object may span: %w",
+			key, hostmem.FormatBytes(size), maxExtentUnits, a.unit, ErrSize)
+	}
 	class := a.smallClass(size, len(key))
 	// units is the extent a new allocation needs: the object's own, or a new slab's.
 	units := (size + a.unit - 1) / a.unit
@@ -87,6 +92,13 @@ func (a *Arena) Reserve(key string, format uint64, size int64) (*Pending, error)
 		}
 		if ok {
 			return p, nil
+		}
+		if a.warm.withheld > 0 {
+			// Memory not populated yet is not given out (warm.go): wait for
+			// the warm-up's next chunk rather than evict.
+			a.warm.waits++
+			a.cond.Wait()
+			continue
 		}
 		if budget > 0 {
 			budget--
@@ -151,6 +163,12 @@ func (p *Pending) Commit() error {
 		a.dropLocked(p.idx)
 		return fmt.Errorf("commit %q: %w", p.key, ErrRemoved)
 	}
+	// The commit mark goes last, after the bytes the writer copied and the
+	// trailer: a restarted service finds the object whole or not at all.
+	end := a.slotEnd(r)
+	seq := a.nextSeqLocked()
+	binary.LittleEndian.PutUint64(a.mem[trailerAt(end)+8:], seq)
+	a.setCheck(end, a.checkOf(r.off, end))
 	r.state = committed
 	a.committed++
 	a.committedBytes += r.size

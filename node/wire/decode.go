@@ -121,6 +121,16 @@ func (f *fields) int32(name string) (int32, error) {
 	return int32(v), nil
 }
 
+func (f *fields) bool(name string) (bool, error) {
+	if err := f.want(name, protowire.VarintType); err != nil {
+		return false, err
+	}
+	if f.v > 1 {
+		return false, malformed("%s %d, want 0 or 1", name, f.v)
+	}
+	return f.v == 1, nil
+}
+
 func (f *fields) fixed64(name string) (uint64, error) {
 	return f.v, f.want(name, protowire.Fixed64Type)
 }
@@ -203,6 +213,18 @@ func (m *HelloReply) unmarshal(b []byte) error {
 			m.MaxBatch, err = f.uint32("max batch")
 		case fHelloReplyClockNS:
 			m.ClockNS, err = f.varint("clock")
+		case fHelloReplyInstanceID:
+			m.InstanceID, err = f.fixed64("instance id")
+		case fHelloReplyContentID:
+			m.ContentID, err = f.fixed64("content id")
+		case fHelloReplyStarting:
+			m.Starting, err = f.bool("starting")
+		case fHelloReplyReadyPercent:
+			if m.ReadyPercent, err = f.uint32("ready percent"); err == nil && m.ReadyPercent > 100 {
+				err = malformed("ready percent %d over 100", m.ReadyPercent)
+			}
+		case fHelloReplyWarm:
+			m.Warm, err = f.bool("warm")
 		}
 		if err != nil {
 			return err

@@ -74,6 +74,25 @@ type HelloReply struct {
 	// its own deadlines with it (see Put). Zero from a server that keeps no
 	// client deadlines (before they existed).
 	ClockNS uint64
+	// InstanceID is random per start of the service: a client that reconnects
+	// and sees another one is talking to a restarted service. 0 from a server
+	// before restarts were told apart.
+	InstanceID uint64
+	// ContentID names the service's stored contents (its DRAM arena): random
+	// whenever the service started empty, the same across restarts that kept
+	// the contents (an arena file on tmpfs re-attached after a kill, a crash or
+	// an upgrade). A client that reconnects and sees another ContentID knows
+	// the objects it stored are gone (those the service's SSD spill kept
+	// aside) and may store again what it still holds. 0 from an older server.
+	ContentID uint64
+	// Starting is true while the service is still warming its memory or
+	// recovering the objects of its arena file: it serves already, from what
+	// is ready; ReadyPercent says how much of its arena is.
+	Starting     bool
+	ReadyPercent uint32
+	// Warm is true when this start of the service kept the contents of the
+	// one before (the same ContentID as before the restart).
+	Warm bool
 }
 
 // RegisterSegment hands the service a memfd segment; its frame carries exactly one
@@ -335,6 +354,11 @@ const (
 	fHelloReplyServerVersion protowire.Number = 2
 	fHelloReplyMaxBatch      protowire.Number = 3
 	fHelloReplyClockNS       protowire.Number = 4
+	fHelloReplyInstanceID    protowire.Number = 5
+	fHelloReplyContentID     protowire.Number = 6
+	fHelloReplyStarting      protowire.Number = 7
+	fHelloReplyReadyPercent  protowire.Number = 8
+	fHelloReplyWarm          protowire.Number = 9
 
 	fRegisterSize  protowire.Number = 1
 	fRegisterName  protowire.Number = 2
@@ -384,6 +408,13 @@ func appendVarint(b []byte, num protowire.Number, v uint64) []byte {
 	}
 	b = protowire.AppendTag(b, num, protowire.VarintType)
 	return protowire.AppendVarint(b, v)
+}
+
+func boolVarint(v bool) uint64 {
+	if v {
+		return 1
+	}
+	return 0
 }
 
 func appendFixed64(b []byte, num protowire.Number, v uint64) []byte {
@@ -444,7 +475,12 @@ func (m HelloReply) Marshal(b []byte) []byte {
 	b = appendVarint(b, fHelloReplyClientID, m.ClientID)
 	b = appendString(b, fHelloReplyServerVersion, m.ServerVersion)
 	b = appendVarint(b, fHelloReplyMaxBatch, uint64(m.MaxBatch))
-	return appendVarint(b, fHelloReplyClockNS, m.ClockNS)
+	b = appendVarint(b, fHelloReplyClockNS, m.ClockNS)
+	b = appendFixed64(b, fHelloReplyInstanceID, m.InstanceID)
+	b = appendFixed64(b, fHelloReplyContentID, m.ContentID)
+	b = appendVarint(b, fHelloReplyStarting, boolVarint(m.Starting))
+	b = appendVarint(b, fHelloReplyReadyPercent, uint64(m.ReadyPercent))
+	return appendVarint(b, fHelloReplyWarm, boolVarint(m.Warm))
 }
 
 func (m RegisterSegment) Marshal(b []byte) []byte {
@@ -680,6 +716,9 @@ func (m Hello) Validate() error {
 }
 
 func (m HelloReply) Validate() error {
+	if m.ReadyPercent > 100 {
+		return malformed("ready percent %d over 100", m.ReadyPercent)
+	}
 	return validText("server version", m.ServerVersion, MaxName)
 }
 

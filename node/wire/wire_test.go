@@ -45,7 +45,8 @@ func putItems(pages, parts, ranges int) []Item {
 func samples() []Message {
 	return []Message{
 		&Hello{Version: Version, ClientName: "sglang-tp0 ✓", PID: 4242},
-		&HelloReply{ClientID: 1 << 40, ServerVersion: "strata v0.3.0", MaxBatch: 128, ClockNS: 1<<62 + 5},
+		&HelloReply{ClientID: 1 << 40, ServerVersion: "strata v0.3.0", MaxBatch: 128, ClockNS: 1<<62 + 5,
+			InstanceID: 0xfedcba9876543210, ContentID: 1<<63 | 7, Starting: true, ReadyPercent: 37, Warm: true},
 		&RegisterSegment{Size: 3 << 30, Name: "kv", Fence: true},
 		&RegisterSegmentReply{SegmentID: 7},
 		&UnregisterSegment{SegmentID: 7},

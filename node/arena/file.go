@@ -1,0 +1,551 @@
+package arena
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
+	"golang.org/x/sys/unix"
+
+	"github.com/stratakv/strata/hostmem"
+)
+
+// The arena's memory: a header (the superblock and the unit map, layout.go)
+// and the data region objects live in, either one mapping of an arena file on
+// tmpfs, hugetlbfs or ramfs (shared, so that it outlives the process), or
+// anonymous memory laid out the same way.
+//
+// The file's layout:
+//
+//	[0, 4096)            two copies of the superblock (at 0 and 2048), the
+//	                     newer valid one wins, so that a kill while one is
+//	                     written leaves the other
+//	[4096, +4/unit)      the unit map
+//	[logOff, +8 MiB)     the eviction log (evictlog.go), page aligned
+//	[dataOff, fileSize)  the data region, dataOff a multiple of the data's
+//	                     alignment (2 MiB or the huge page, at least a unit)
+//
+// A file is reused only when its superblock is valid and describes the same
+// geometry (size, alignment, slab size, size classes, layout version, page
+// size); otherwise it is emptied (truncated, so no old byte is ever read) and
+// formatted anew, and the log says why in one line. One service per file: it
+// is locked (flock) for as long as it is mapped.
+
+const (
+	sbMagic   = "STRATAAR"
+	sbBytes   = 256  // one copy's encoding
+	sbCopy    = 2048 // the second copy's offset
+	umOffset  = 4096 // the unit map's offset
+	sbInUse   = 1
+	sbClean   = 2
+	fileAlign = 2 << 20
+)
+
+// superblock is the arena file's first page: its geometry, its secret and
+// the counters that outlive a process.
+type superblock struct {
+	version   uint32
+	state     uint32 // sbInUse while a service has it, sbClean after a clean Close
+	gen       uint64 // one more on every write; the newer valid copy wins
+	unit      int64
+	size      int64
+	slabBytes int64
+	classes   uint64 // fingerprint of the size classes
+	pageSize  int64
+	dataOff   int64
+	fileSize  int64
+	secret    uint64 // keys every check word of the file
+	contentID uint64 // random, new whenever the arena starts empty
+	starts    uint64 // services started on the file (carried over a reformat)
+	epoch     uint64 // high bits of commit sequences; one more per start
+	pid       uint32 // the last service's pid, for messages
+	objects   int64  // committed objects at the last clean Close
+	bytes     int64  // and their bytes
+	createdNS int64
+	closedNS  int64 // the last clean Close
+}
+
+func (sb *superblock) encode(b []byte) {
+	clear(b[:sbBytes])
+	copy(b, sbMagic)
+	le := binary.LittleEndian
+	le.PutUint32(b[8:], sb.version)
+	le.PutUint32(b[12:], sb.state)
+	for i, v := range []uint64{sb.gen, uint64(sb.unit), uint64(sb.size), uint64(sb.slabBytes), sb.classes,
+		uint64(sb.pageSize), uint64(sb.dataOff), uint64(sb.fileSize), sb.secret, sb.contentID, sb.starts, sb.epoch,
+		uint64(sb.pid), uint64(sb.objects), uint64(sb.bytes), uint64(sb.createdNS), uint64(sb.closedNS)} {
+		le.PutUint64(b[16+8*i:], v)
+	}
+	le.PutUint64(b[sbBytes-8:], xxh3.Hash(b[:sbBytes-8]))
+}
+
+// decodeSuperblock reads one copy; ok is false when it is not a valid one.
+// magic reports whether it at least starts like one (a damaged superblock,
+// rather than a file that never was an arena).
+func decodeSuperblock(b []byte) (sb superblock, ok, magic bool) {
+	if len(b) < sbBytes || string(b[:8]) != sbMagic {
+		return sb, false, false
+	}
+	le := binary.LittleEndian
+	if le.Uint64(b[sbBytes-8:]) != xxh3.Hash(b[:sbBytes-8]) {
+		return sb, false, true
+	}
+	sb.version, sb.state = le.Uint32(b[8:]), le.Uint32(b[12:])
+	v := make([]uint64, 17)
+	for i := range v {
+		v[i] = le.Uint64(b[16+8*i:])
+	}
+	sb.gen, sb.unit, sb.size, sb.slabBytes, sb.classes = v[0], int64(v[1]), int64(v[2]), int64(v[3]), v[4]
+	sb.pageSize, sb.dataOff, sb.fileSize, sb.secret, sb.contentID = int64(v[5]), int64(v[6]), int64(v[7]), v[8], v[9]
+	sb.starts, sb.epoch, sb.pid, sb.objects, sb.bytes = v[10], v[11], uint32(v[12]), int64(v[13]), int64(v[14])
+	sb.createdNS, sb.closedNS = int64(v[15]), int64(v[16])
+	return sb, true, true
+}
+
+// classesFingerprint identifies the size-class table: a file written with
+// other classes cannot be reused.
+var classesFingerprint = func() uint64 {
+	b := make([]byte, 0, 8*len(classes))
+	for _, c := range classes {
+		b = binary.LittleEndian.AppendUint64(b, uint64(c))
+	}
+	return xxh3.Hash(b)
+}()
+
+// geometry is where the header and the data lie for a data region of size
+// bytes in units of unit, on pages of pageSize.
+type geometry struct {
+	unit, size, slabBytes, pageSize int64
+	umBytes, logOff, logBytes       int64
+	dataOff, fileSize               int64
+	align                           int64 // the data region's address alignment
+}
+
+// newGeometry lays out an arena; withLog gives it an eviction log (an arena
+// file does, anonymous memory need not).
+func newGeometry(unit, size, slabBytes, pageSize int64, withLog bool) geometry {
+	g := geometry{unit: unit, size: size, slabBytes: slabBytes, pageSize: pageSize}
+	g.umBytes = size / unit * 4
+	g.logOff = roundUp(umOffset+g.umBytes, 4096)
+	if withLog {
+		g.logBytes = evictLogBytes
+	}
+	g.align = max(fileAlign, pageSize, unit)
+	g.dataOff = roundUp(g.logOff+g.logBytes, g.align)
+	g.fileSize = g.dataOff + roundUp(size, pageSize)
+	return g
+}
+
+// headerBytes is what of the header is used: the superblock, the unit map
+// and the log.
+func (g geometry) headerBytes() int64 { return g.logOff + g.logBytes }
+
+func roundUp(n, to int64) int64 { return (n + to - 1) / to * to }
+
+// mismatch says how the superblock's geometry differs from g, "" when the
+// file can be reused.
+func (g geometry) mismatch(sb superblock) string {
+	switch {
+	case sb.version != layoutVersion:
+		return fmt.Sprintf("its layout version is %d, this service writes version %d", sb.version, layoutVersion)
+	case sb.size != g.size:
+		return fmt.Sprintf("it holds an arena of %s, this service has --arena %s", hostmem.FormatBytes(sb.size), hostmem.FormatBytes(g.size))
+	case sb.unit != g.unit:
+		return fmt.Sprintf("its alignment is %d bytes, this service's %d", sb.unit, g.unit)
+	case sb.slabBytes != g.slabBytes || sb.classes != classesFingerprint:
+		return fmt.Sprintf("its slabs are of %d bytes in another class table, this service's of %d", sb.slabBytes, g.slabBytes)
+	case sb.pageSize != g.pageSize:
+		return fmt.Sprintf("it was laid out for pages of %d bytes, this file system's are %d", sb.pageSize, g.pageSize)
+	case sb.dataOff != g.dataOff || sb.fileSize != g.fileSize:
+		return fmt.Sprintf("its data lies at %d of %d bytes, this service's would at %d of %d", sb.dataOff, sb.fileSize, g.dataOff, g.fileSize)
+	}
+	return ""
+}
+
+// backing is an arena's memory.
+type backing struct {
+	path    string
+	fd      int             // the locked arena file; -1 when anonymous
+	mapping []byte          // the file's mapping, or the anonymous header
+	region  *hostmem.Region // anonymous data
+	data    []byte
+	umap    []uint32
+	log     []byte // the eviction log; nil when anonymous
+	geo     geometry
+	sb      superblock
+	sbSlot  int // the copy written last
+}
+
+// opened is what opening the backing found.
+type opened struct {
+	warm bool   // the file's objects are to be recovered
+	why  string // why it starts empty, when not warm
+	prev superblock
+}
+
+// newSecret is 8 random bytes; crypto/rand never fails on Linux.
+func newSecret() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) | 1
+}
+
+// openAnonymous maps an anonymous arena: the data from the allocator, the
+// unit map beside it.
+func openAnonymous(cfg *Config, alloc *hostmem.Allocator, unit, size int64) (*backing, error) {
+	slack := int64(0)
+	if unit > int64(os.Getpagesize()) {
+		slack = unit
+	}
+	region, err := alloc.Allocate("arena", size+slack)
+	if err != nil {
+		return nil, fmt.Errorf("arena of %s: %w", hostmem.FormatBytes(size), err)
+	}
+	mem := region.Bytes()
+	skip := (unit - int64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))%unit) % unit
+	g := newGeometry(unit, size, cfg.SlabBytes, int64(os.Getpagesize()), false)
+	hdr, err := mapBytes(-1, umOffset+g.umBytes, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE, 0)
+	if err != nil {
+		_ = region.Close()
+		return nil, fmt.Errorf("arena of %s: unit map: %w", hostmem.FormatBytes(size), err)
+	}
+	b := &backing{fd: -1, mapping: hdr, region: region, data: mem[skip : skip+size : skip+size], geo: g}
+	b.umap = unitMap(hdr, g)
+	b.sb = superblock{version: layoutVersion, secret: newSecret(), contentID: newSecret(), starts: 1, epoch: 1, unit: unit, size: size}
+	return b, nil
+}
+
+func unitMap(m []byte, g geometry) []uint32 {
+	n := int(g.umBytes / 4)
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint32)(unsafe.Pointer(&m[umOffset])), n)
+}
+
+// mapBytes maps n bytes of fd (or anonymous memory) at an address that is a
+// multiple of align (0: any).
+func mapBytes(fd int, n int64, flags int, align int64) ([]byte, error) {
+	if align <= int64(os.Getpagesize()) {
+		p, err := unix.MmapPtr(fd, 0, nil, uintptr(n), unix.PROT_READ|unix.PROT_WRITE, flags)
+		if err != nil {
+			return nil, err
+		}
+		return unsafe.Slice((*byte)(p), n), nil
+	}
+	// Reserve address space with slack, then map over its aligned part.
+	res, err := unix.MmapPtr(-1, 0, nil, uintptr(n+align), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, err
+	}
+	skip := (align - int64(uintptr(res))%align) % align
+	at := unsafe.Add(res, skip)
+	p, err := unix.MmapPtr(fd, 0, at, uintptr(n), unix.PROT_READ|unix.PROT_WRITE, flags|unix.MAP_FIXED)
+	if err != nil {
+		_ = unix.MunmapPtr(res, uintptr(n+align))
+		return nil, err
+	}
+	if skip > 0 {
+		_ = unix.MunmapPtr(res, uintptr(skip))
+	}
+	if tail := align - skip; tail > 0 {
+		_ = unix.MunmapPtr(unsafe.Add(at, n), uintptr(tail))
+	}
+	return unsafe.Slice((*byte)(p), n), nil
+}
+
+func unmapBytes(b []byte) {
+	if len(b) > 0 {
+		_ = unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(b)), uintptr(len(b)))
+	}
+}
+
+// memoryFS names the file systems an arena file may live on: memory that a
+// restarted process maps again, and that is never written back to a disk.
+func memoryFS(t int64) (string, bool) {
+	switch t {
+	case unix.TMPFS_MAGIC:
+		return "tmpfs", true
+	case unix.HUGETLBFS_MAGIC:
+		return "hugetlbfs", true
+	case unix.RAMFS_MAGIC:
+		return "ramfs", true
+	}
+	return "", false
+}
+
+// openFile opens, locks and maps the arena file at path, reusing it when its
+// superblock says it holds an arena of the same geometry, and formatting it
+// anew otherwise.
+func openFile(cfg *Config, unit, size int64) (_ *backing, _ opened, err error) {
+	var op opened
+	path := cfg.File
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, op, fmt.Errorf("arena file %s: %v; give --arena-file a path on a tmpfs this user can write, or '' for an anonymous arena: %w", path, err, ErrFile)
+	}
+	defer func() {
+		if err != nil {
+			_ = unix.Close(fd)
+		}
+	}()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, op, fmt.Errorf("arena file %s: %v: %w", path, err, ErrFile)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, op, fmt.Errorf("arena file %s is not a regular file: %w", path, ErrFile)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder := ""
+		var hdr [umOffset]byte
+		if n, _ := unix.Pread(fd, hdr[:], 0); n == umOffset {
+			if sb, ok, _ := pickSuperblock(hdr[:], umOffset); ok && sb.pid != 0 {
+				holder = fmt.Sprintf(" (pid %d)", sb.pid)
+			}
+		}
+		return nil, op, fmt.Errorf("arena file %s is in use by another node service%s: stop it first, or give this service its own --arena-file: %w", path, holder, ErrLocked)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return nil, op, fmt.Errorf("arena file %s: statfs: %v: %w", path, err, ErrFile)
+	}
+	fsName, ok := memoryFS(int64(fs.Type))
+	if !ok {
+		return nil, op, fmt.Errorf("arena file %s is not on tmpfs, hugetlbfs or ramfs (file system type %#x): a file on a disk would be written back as objects change; put it on a tmpfs (e.g. /dev/shm or a tmpfs mounted at the socket's directory): %w",
+			path, fs.Type, ErrFile)
+	}
+	pageSize := int64(os.Getpagesize())
+	if fsName == "hugetlbfs" {
+		pageSize = fs.Bsize
+	}
+	g := newGeometry(unit, size, cfg.SlabBytes, pageSize, true)
+	var hdr [umOffset]byte
+	n, _ := unix.Pread(fd, hdr[:], 0)
+	op.prev, op.warm, op.why = pickSuperblock(hdr[:max(n, 0)], st.Size)
+	if op.warm {
+		switch {
+		case g.mismatch(op.prev) != "":
+			op.warm, op.why = false, "it cannot be reused: "+g.mismatch(op.prev)
+		case st.Size != g.fileSize:
+			op.warm, op.why = false, fmt.Sprintf("it is %d bytes, its superblock says %d (truncated or extended)", st.Size, g.fileSize)
+		}
+	}
+	allocated := st.Blocks * 512
+	if !op.warm {
+		// Start empty: nothing of the old file may be read again.
+		if err := unix.Ftruncate(fd, 0); err != nil {
+			return nil, op, fmt.Errorf("arena file %s: truncate: %v: %w", path, err, ErrFile)
+		}
+		allocated = 0
+		if err := unix.Ftruncate(fd, g.fileSize); err != nil {
+			return nil, op, fmt.Errorf("arena file %s: size it to %d bytes: %v: %w", path, g.fileSize, err, ErrFile)
+		}
+	}
+	if err := checkRoom(cfg, path, fsName, fs, g.fileSize-allocated); err != nil {
+		if !op.warm {
+			_ = unix.Ftruncate(fd, 0)
+		}
+		return nil, op, err
+	}
+	// The header's pages are taken now, so that writing the unit map or the
+	// log never meets a full file system (which would be a SIGBUS): 1/1024 of
+	// the arena and 8 MiB, allocated at several GB/s.
+	if err := unix.Fallocate(fd, 0, 0, roundUp(g.headerBytes(), pageSize)); err != nil {
+		return nil, op, fmt.Errorf("arena file %s: allocate its header: %v; the %s is full: %w", path, err, fsName, ErrFile)
+	}
+	m, err := mapBytes(fd, g.fileSize, unix.MAP_SHARED, g.align)
+	if err != nil {
+		return nil, op, fmt.Errorf("arena file %s: map %s: %v: %w", path, hostmem.FormatBytes(g.fileSize), err, ErrFile)
+	}
+	if cfg.TransparentHugePages {
+		_ = unix.Madvise(m[g.dataOff:], unix.MADV_HUGEPAGE) // advice: tmpfs mounted with huge= honours it
+	}
+	b := &backing{path: path, fd: fd, mapping: m, data: m[g.dataOff : g.dataOff+size : g.dataOff+size], geo: g}
+	b.umap = unitMap(m, g)
+	b.log = m[g.logOff : g.logOff+g.logBytes : g.logOff+g.logBytes]
+	now := time.Now().UnixNano()
+	if op.warm {
+		b.sb = op.prev
+		b.sbSlot = int(op.prev.gen % 2)
+		b.sb.epoch++
+	} else {
+		b.sb = superblock{version: layoutVersion, unit: unit, size: size, slabBytes: cfg.SlabBytes, classes: classesFingerprint,
+			pageSize: pageSize, dataOff: g.dataOff, fileSize: g.fileSize, secret: newSecret(), contentID: newSecret(),
+			starts: op.prev.starts, epoch: 1, gen: op.prev.gen, createdNS: now}
+	}
+	b.sb.starts++
+	b.sb.state, b.sb.pid = sbInUse, uint32(os.Getpid())
+	b.writeSuperblock()
+	return b, op, nil
+}
+
+// pickSuperblock chooses the newer valid copy in hdr, the first page of a
+// file of size bytes; warm is false, with the reason, when there is none.
+func pickSuperblock(hdr []byte, size int64) (sb superblock, warm bool, why string) {
+	if size == 0 {
+		return sb, false, "it is a new arena file"
+	}
+	var found, magic bool
+	for _, off := range []int{0, sbCopy} {
+		if off+sbBytes > len(hdr) {
+			continue
+		}
+		c, ok, m := decodeSuperblock(hdr[off:])
+		magic = magic || m
+		if ok && (!found || c.gen > sb.gen) {
+			sb, found = c, true
+		}
+	}
+	switch {
+	case found:
+		return sb, true, ""
+	case magic:
+		return sb, false, "its superblock is damaged"
+	}
+	return sb, false, "it holds no arena (no superblock)"
+}
+
+// checkRoom refuses a file that needs more memory than the file system or
+// the host has: writing into a full tmpfs or hugetlbfs is a SIGBUS.
+func checkRoom(cfg *Config, path, fsName string, fs unix.Statfs_t, need int64) error {
+	if need <= 0 {
+		return nil
+	}
+	if free := int64(fs.Bavail) * fs.Bsize; fsName != "ramfs" && need > free {
+		return fmt.Errorf("arena file %s needs %s more of its %s, which has %s free: mount it larger (size=, or more vm.nr_hugepages for hugetlbfs) or lower --arena: %w",
+			path, hostmem.FormatBytes(need), fsName, hostmem.FormatBytes(max(free, 0)), ErrFile)
+	}
+	avail, reserve := hostmem.AvailableBytes, int64(1<<30)
+	if cfg.Allocator != nil {
+		ac := cfg.Allocator.Config()
+		reserve = ac.ReserveBytes
+		if ac.Available != nil {
+			avail = ac.Available
+		}
+	}
+	have, err := avail()
+	if err != nil {
+		return nil // without a reading, trust the file system's own limit
+	}
+	if need > have-reserve {
+		return fmt.Errorf("arena file %s needs %s more memory, %s available, %s reserved: lower --arena: %w",
+			path, hostmem.FormatBytes(need), hostmem.FormatBytes(max(have, 0)), hostmem.FormatBytes(reserve), hostmem.ErrNoMemory)
+	}
+	return nil
+}
+
+// writeSuperblock writes b.sb, one generation newer, over the older copy.
+func (b *backing) writeSuperblock() {
+	if b.fd < 0 {
+		return
+	}
+	b.sb.gen++
+	b.sbSlot = 1 - b.sbSlot
+	b.sb.encode(b.mapping[b.sbSlot*sbCopy:])
+}
+
+// close writes the superblock (clean says whether the arena shut down with
+// nothing in flight), unmaps the memory and unlocks the file.
+func (b *backing) close(clean bool, objects, bytes int64) error {
+	var errs []error
+	if b.fd >= 0 {
+		if clean {
+			b.sb.state, b.sb.objects, b.sb.bytes, b.sb.closedNS = sbClean, objects, bytes, time.Now().UnixNano()
+		}
+		b.writeSuperblock()
+		unmapBytes(b.mapping)
+		if err := unix.Close(b.fd); err != nil {
+			errs = append(errs, fmt.Errorf("close arena file %s: %w", b.path, err))
+		}
+		b.fd = -1
+	} else {
+		unmapBytes(b.mapping)
+		if b.region != nil {
+			if err := b.region.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("close arena: %w", err))
+			}
+		}
+	}
+	b.mapping, b.data, b.umap, b.log = nil, nil, nil, nil
+	return errors.Join(errs...)
+}
+
+// populate makes the pages of b.data[off, off+n) resident and mapped
+// (MADV_POPULATE_WRITE, Linux 5.14): on a warm restart the file's pages are
+// there and only mapped; otherwise they are allocated and zeroed, and a full
+// file system or huge page pool is an error here, not a SIGBUS later. Older
+// kernels touch a word per page with an atomic add of 0, which leaves bytes
+// that other goroutines write meanwhile as they are.
+func (b *backing) populate(off, n int64) error {
+	m := b.data[off : off+n : off+n]
+	err := unix.Madvise(m, unix.MADV_POPULATE_WRITE)
+	if err == nil || !errors.Is(err, unix.EINVAL) {
+		return err
+	}
+	if b.fd >= 0 {
+		// Without the advice a fault in a full file system would be fatal:
+		// allocate the range first.
+		if err := unix.Fallocate(b.fd, 0, b.geo.dataOff+off, n); err != nil {
+			return err
+		}
+	}
+	page := int64(os.Getpagesize())
+	for i := int64(0); i+4 <= n; i += page {
+		atomic.AddUint32((*uint32)(unsafe.Pointer(&m[i])), 0)
+	}
+	return nil
+}
+
+// unitsOf lists the allocated extents the unit map records, in offset order,
+// clearing words that cannot be right (bad kind, past the end, a slab too
+// short for one slot of its class); bad counts those.
+func (b *backing) unitsOf(unit int64) (exts []umExtent, bad int64) {
+	um := b.umap
+	units := int64(len(um))
+	for u := int64(0); u < units; {
+		// Skip free units eight at a time.
+		if u%8 == 0 && u+8 <= units && *(*[8]uint32)(um[u:]) == [8]uint32{} {
+			u += 8
+			continue
+		}
+		w := um[u]
+		if w == 0 {
+			u++
+			continue
+		}
+		kind, n := umDecode(w)
+		ok := n > 0 && u+n <= units
+		class := -1
+		switch {
+		case kind == umLarge:
+		case kind >= 1 && int(kind) <= len(classes):
+			class = int(kind) - 1
+			ok = ok && n*unit >= classes[class]
+		default:
+			ok = false
+		}
+		if !ok {
+			um[u] = 0
+			bad++
+			u++
+			continue
+		}
+		exts = append(exts, umExtent{u: u, n: n, class: class})
+		u += n
+	}
+	return exts, bad
+}
+
+// umExtent is an allocated extent the unit map records: a slab of class, or
+// a large object's bytes (class -1).
+type umExtent struct {
+	u, n  int64
+	class int
+}

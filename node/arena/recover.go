@@ -1,0 +1,477 @@
+package arena
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"hash/maphash"
+	"slices"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Recovery: a service started on an arena file that holds an arena of its
+// geometry finds the objects that were committed in it, whether the last
+// service shut down cleanly or was killed (layout.go says what the file
+// holds). In two steps:
+//
+//  1. In New, the allocator is rebuilt from the unit map alone: every extent
+//     it records is allocated again (a slab, unread yet, or a large object's
+//     bytes, matched to no descriptor yet), and the rest is free. That is one
+//     pass over 4 bytes per unit (16 MiB for a 16 GiB arena), so New returns
+//     within milliseconds, and from then on the arena takes new objects into
+//     its free space without ever touching memory recovery has not read.
+//  2. In the background, slab after slab, each slot's trailer is read: a slot
+//     whose check word matches its trailer, key and place is a committed
+//     object (its descriptor, for a large object, must name an extent the unit
+//     map has, of the right length) and is indexed again, evictable and
+//     readable at once; every other slot is free. When every slab is read, the
+//     large extents no descriptor named (writes in flight at the kill) are
+//     freed, and the recovered objects that nobody used since are put in the
+//     LRU order of their commits.
+//
+// Meanwhile the arena serves: a Get finds what is recovered so far and misses
+// the rest, a Put of a key whose old copy is not read yet stores a new copy
+// (the scan then drops the old one), and a Remove waits until recovery ends,
+// so that no removed object can come back with a slab read after it. A slot
+// with a nonzero check word that does not match (random bytes, a damaged file)
+// is counted as lost and cleared; nothing is ever served from it.
+
+// recovery is what the start found and what recovery did.
+type recovery struct {
+	file      string
+	warm      bool   // the file's objects are recovered
+	why       string // why the arena started empty, when it did
+	prevClean bool   // the service before shut down cleanly
+	prevObjs  int64  // objects the file held at its last clean close
+	contentID uint64
+	starts    uint64
+
+	active    bool          // recovering now
+	ordering  bool          // recovered, the LRU order still being made
+	doneCh    chan struct{} // closed when recovery ends (or the arena closes)
+	unscanned []uint32      // slabs to read, in offset order
+	next      int           // the next of them to read
+	read      int           // how many have been read and indexed
+	orphans   int64         // large extents no descriptor has named yet
+
+	badUnits, recovered, recoveredBytes, lost, duplicates, orphansFreed int64
+	waits                                                               int64  // removals that waited for the end
+	touched                                                             uint64 // keeps indexSlabLocked's loads
+
+	started   time.Time
+	indexTook time.Duration // rebuilding the allocator (step 1)
+	took      time.Duration // the whole recovery, from New
+	order     seqOrder      // (sequence, record) of recovered objects
+}
+
+// begin notes what opening the backing found.
+func (r *recovery) begin(b *backing, op opened, start time.Time) {
+	r.file, r.warm, r.why, r.started = b.path, op.warm, op.why, start
+	r.prevClean = op.warm && op.prev.state == sbClean
+	r.prevObjs = op.prev.objects
+	r.contentID, r.starts = b.sb.contentID, b.sb.starts
+	r.doneCh = make(chan struct{})
+}
+
+// finish ends recovery: called once, with the lock held or before the arena
+// is shared.
+func (r *recovery) finish(a *Arena) {
+	r.active = false
+	r.took = time.Since(r.started)
+	close(r.doneCh)
+	if a.cond != nil {
+		a.cond.Broadcast()
+	}
+	if a.ready != nil {
+		a.checkReadyLocked()
+	}
+}
+
+// rebuildAllocator builds the allocator from the extents the unit map
+// records, withholding the free memory for the warm-up.
+func (a *Arena) rebuildAllocator(exts []umExtent) error {
+	spans := make([]Span, 0, len(exts))
+	var slots int64 // the most objects the slabs can hold
+	for _, e := range exts {
+		spans = append(spans, Span{e.u, e.n})
+		if e.class >= 0 {
+			span := e.n * a.unit
+			slot := classes[e.class]
+			slots += span / slot
+			id := a.newSlabLocked(slab{off: e.u * a.unit, span: span, slot: slot, class: uint8(e.class), live: true,
+				nslots: uint32(span / slot), unscanned: true})
+			a.rcv.unscanned = append(a.rcv.unscanned, id)
+		} else {
+			a.owner[e.u] = ownerOrphan
+			a.rcv.orphans++
+		}
+	}
+	all := spans
+	if a.cfg.Warmup {
+		all = a.warmPieces(spans)
+	} else {
+		a.warm.readyBytes = a.size
+	}
+	ext, err := RebuildExtents(a.size/a.unit, all)
+	if err != nil {
+		return err
+	}
+	a.ext = ext
+	for _, c := range a.warm.chunks {
+		for _, p := range c.pieces {
+			a.owner[p.Off] = ownerWithheld
+		}
+	}
+	a.rcv.active = len(exts) > 0
+	// The hash table is grown once for what recovery may index (bounded
+	// below what objects of 256 B would fill), rather than doubled and
+	// migrated all along, which made lookups of keys not indexed yet, most
+	// of recovery's, probe two tables.
+	if err := a.tab.Presize(int(min(slots, a.size/256))); err != nil {
+		return indexErr(err)
+	}
+	return nil
+}
+
+// recoverWorkers is how many goroutines read slabs at once: reading and
+// checking a slot needs no lock (nobody else touches a slab recovery has not
+// read), only indexing what it found does.
+const recoverWorkers = 2
+
+// recoverObjects reads the slabs (with a helper), then frees the orphans,
+// which ends recovery, and orders the LRU list (step 2 above).
+func (a *Arena) recoverObjects() {
+	defer a.done.Done()
+	defer a.rcv.order.close()
+	var wg sync.WaitGroup
+	for range recoverWorkers - 1 {
+		wg.Go(a.readSlabs)
+	}
+	a.readSlabs()
+	wg.Wait()
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return
+	}
+	for u, o := range a.owner {
+		if o == ownerOrphan {
+			_, n := umDecode(a.umap[u])
+			delete(a.owner, u)
+			a.setUnit(u, 0)
+			if err := a.ext.Free(u, n); err != nil {
+				panic("arena: freeing an orphan extent: " + err.Error()) // a bookkeeping bug
+			}
+			a.rcv.orphansFreed++
+		}
+	}
+	a.rcv.orphans = 0
+	// Every object is indexed and every extent accounted for: recovery is
+	// over (removals may go on). What is left only orders the LRU list.
+	a.rcv.ordering = true
+	a.rcv.finish(a)
+	a.kickLocked()
+	order := a.rcv.order.pairs()
+	a.cfg.Logger.Info("arena recovered", "file", a.rcv.file, "objects", a.rcv.recovered, "bytes", a.rcv.recoveredBytes,
+		"lost", a.rcv.lost, "duplicates", a.rcv.duplicates, "unfinishedWrites", a.rcv.orphansFreed,
+		"previousShutdownClean", a.rcv.prevClean, "took", a.rcv.took.Round(time.Microsecond))
+	if a.rcv.lost > 0 || a.rcv.badUnits > 0 {
+		a.cfg.Logger.Warn("arena file held damaged objects; they were dropped, never served",
+			"file", a.rcv.file, "lostObjects", a.rcv.lost, "badUnitMapWords", a.rcv.badUnits)
+	}
+	a.mu.Unlock()
+	// Most recent first: each goes to the back in turn, so the least recently
+	// committed ends last, the first victim.
+	slices.SortFunc(order, func(x, y seqIdx) int { return cmp.Compare(y.seq, x.seq) })
+	const batch = 1 << 16
+	for i := 0; i < len(order); i += batch {
+		select {
+		case <-a.stop:
+			return
+		default:
+		}
+		a.mu.Lock()
+		for _, p := range order[i:min(i+batch, len(order))] {
+			if r := a.rec(p.idx); r.flags&flagRecovered != 0 && r.flags&flagInLRU != 0 {
+				a.lruRemove(p.idx)
+				a.lruPushBack(p.idx)
+			}
+		}
+		a.mu.Unlock()
+	}
+	a.mu.Lock()
+	a.rcv.ordering = false
+	a.checkReadyLocked()
+	a.mu.Unlock()
+}
+
+// readSlabs reads slabs until none is left (or the arena closes): each is
+// read and checked without the lock, and what it holds indexed with it.
+func (a *Arena) readSlabs() {
+	var found []slotFind
+	var damaged []int64
+	for {
+		select {
+		case <-a.stop:
+			return
+		default:
+		}
+		a.mu.Lock()
+		n := a.rcv.next
+		a.mu.Unlock()
+		if h := a.cfg.recoverStep; h != nil {
+			h(n)
+		}
+		a.mu.Lock()
+		if a.closed || a.rcv.next == len(a.rcv.unscanned) {
+			a.mu.Unlock()
+			return
+		}
+		id := a.rcv.unscanned[a.rcv.next]
+		a.rcv.next++
+		s := a.slabs[id] // a copy: the slab is not changed until it is indexed
+		a.mu.Unlock()
+		found, damaged = a.readSlab(&s, found[:0], damaged[:0])
+		a.mu.Lock()
+		a.indexSlabLocked(id, found, damaged)
+		a.rcv.read++
+		a.mu.Unlock()
+	}
+}
+
+// slotFind is a slot that holds what looks like a committed object: its
+// trailer, sizes and key's hash all check.
+type slotFind struct {
+	off, end, size, bytesAt int64
+	h                       uint64
+	t                       trailer
+}
+
+// readSlab reads the slots of slab s, which recovery has not read (so nothing
+// else touches them, and no lock is needed): it appends to found the slots
+// whose check word holds, and to damaged the ends of those with a nonzero
+// check word that does not.
+func (a *Arena) readSlab(s *slab, found []slotFind, damaged []int64) ([]slotFind, []int64) {
+	for slot := range int64(s.nslots) {
+		off := s.off + slot*s.slot
+		end := off + s.slot
+		t := a.readTrailer(end)
+		if t.check == 0 {
+			continue
+		}
+		kl := int64(t.keyLen)
+		f := slotFind{off: off, end: end, t: t}
+		keyAt := off
+		ok := kl >= 1 && kl <= MaxKeyBytes
+		switch {
+		case !ok:
+		case t.kind == kindSmall:
+			f.size, f.bytesAt, keyAt = int64(t.size), off, off+int64(t.size)
+			ok = f.size >= 1 && f.size < a.unit && f.size+kl+trailerBytes <= s.slot
+		case t.kind == kindLarge:
+			ok = kl+descBytes <= s.slot
+			if ok {
+				f.bytesAt, f.size = a.descriptor(end)
+				ok = f.size >= 1 && f.size <= a.size && f.bytesAt >= 0 && f.bytesAt%a.unit == 0 && f.bytesAt <= a.size-f.size
+			}
+		default:
+			ok = false
+		}
+		if !ok || a.checkOf(off, end) != t.check {
+			damaged = append(damaged, end)
+			continue
+		}
+		f.h = maphash.Bytes(a.seed, a.mem[keyAt:keyAt+kl])
+		found = append(found, f)
+	}
+	return found, damaged
+}
+
+// indexSlabLocked indexes the objects readSlab found in slab id, clears the
+// damaged slots, frees the rest, and frees the slab if it holds nothing.
+func (a *Arena) indexSlabLocked(id uint32, found []slotFind, damaged []int64) {
+	for _, end := range damaged {
+		a.clearCheck(end)
+		a.rcv.lost++
+	}
+	s := &a.slabs[id]
+	s.unscanned = false
+	used := make([]bool, s.nslots)
+	var n, descs uint32
+	// The hash table's slots for the slab's keys, loaded at once: their
+	// cache misses overlap, and the lookups below hit.
+	var touched uint64
+	for i := range found {
+		touched |= a.tab.Touch(uint32(found[i].h))
+	}
+	a.rcv.touched ^= touched
+	for i := range found {
+		if a.indexSlotLocked(id, &found[i]) {
+			used[(found[i].off-s.off)/s.slot] = true
+			n++
+			if found[i].t.kind == kindLarge {
+				descs++
+			}
+		}
+	}
+	s = &a.slabs[id]
+	var free uint32
+	for slot := int64(s.nslots) - 1; slot >= 0; slot-- {
+		if !used[slot] {
+			binary.LittleEndian.PutUint32(a.mem[s.off+slot*s.slot:], free)
+			free = uint32(slot) + 1
+		}
+	}
+	s.carved, s.used, s.free = s.nslots, n, free
+	if descs > 0 {
+		a.markDescLocked(id, 1)
+		s.descs = descs
+	}
+	switch {
+	case n == 0:
+		a.dropSlabLocked(id)
+	case n < s.nslots:
+		a.pushPartial(id)
+	}
+}
+
+// indexSlotLocked indexes the object readSlab found in f, in slab id, and
+// reports whether it did: a large object's extent must be the one the unit
+// map has for it, and of two copies of a key the newer commit stays.
+func (a *Arena) indexSlotLocked(id uint32, f *slotFind) bool {
+	drop := func(count *int64) bool {
+		a.clearCheck(f.end)
+		*count++
+		return false
+	}
+	t, kl := f.t, int64(f.t.keyLen)
+	u := f.bytesAt / a.unit
+	if t.kind == kindLarge && (a.owner[u] != ownerOrphan || a.umap[u] != umWord(umLarge, a.extUnits(f.size))) {
+		return drop(&a.rcv.lost) // its extent is not where the unit map says, or is another's
+	}
+	keyAt := f.off
+	if t.kind == kindSmall {
+		keyAt += f.size
+	}
+	key := a.mem[keyAt : keyAt+kl : keyAt+kl]
+	ks := unsafe.String(&key[0], len(key)) // compared only, while the lock holds the slot
+	if idx := a.lookupLocked(ks, f.h); idx != 0 {
+		// Another copy of the key: one put while recovery ran (newer), or a
+		// second copy in the file, which only a kill during an earlier
+		// recovery leaves. The newer commit stays.
+		r := a.rec(idx)
+		if r.flags&flagRecovered == 0 || r.state != committed || r.flags&flagInLRU == 0 ||
+			a.readTrailer(a.slotEnd(r)).seq > t.seq {
+			return drop(&a.rcv.duplicates)
+		}
+		a.rcv.recovered--
+		a.rcv.recoveredBytes -= r.size
+		a.rcv.duplicates++
+		a.unindexLocked(idx)
+		a.freeLocked(idx)
+	}
+	idx, err := a.recs.Alloc()
+	if err == nil {
+		if err = a.tab.Insert(idx, uint32(f.h)); err != nil {
+			a.recs.Release(idx)
+		}
+	}
+	if err != nil {
+		// Out of memory for the index: the object cannot be served, and its
+		// slot is given out again.
+		return drop(&a.rcv.lost)
+	}
+	flags := uint8(flagRecovered)
+	if t.kind == kindLarge {
+		flags |= flagLarge
+		a.owner[u] = idx
+		a.rcv.orphans--
+	}
+	r := a.rec(idx)
+	*r = record{hash: f.h, format: t.format, off: f.off, size: f.size, ref: id + 1, keyLen: uint16(kl), state: committed, flags: flags}
+	binary.LittleEndian.PutUint32(a.mem[trailerAt(f.end)+24:], idx)
+	a.committed++
+	a.committedBytes += f.size
+	a.held += a.spanOf(r)
+	a.lruPushBack(idx)
+	a.rcv.recovered++
+	a.rcv.recoveredBytes += f.size
+	a.rcv.order.add(seqIdx{seq: t.seq, idx: idx})
+	return true
+}
+
+// AwaitRecovered waits until the arena has recovered the objects of its file
+// (at once for an anonymous arena, or one that started empty), or ctx ends.
+func (a *Arena) AwaitRecovered(ctx context.Context) error {
+	select {
+	case <-a.rcv.doneCh:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// awaitRecoveredLocked waits, with the lock, until recovery has ended or the
+// arena is closed.
+func (a *Arena) awaitRecoveredLocked() {
+	for a.rcv.active && !a.closed {
+		a.rcv.waits++
+		a.cond.Wait()
+	}
+}
+
+// seqIdx is a recovered object's commit sequence and record.
+type seqIdx struct {
+	seq uint64
+	idx uint32
+	_   uint32
+}
+
+// seqOrder collects seqIdx pairs in memory mapped outside the Go heap (16
+// bytes per recovered object, for as long as recovery runs). Should the
+// mapping fail it stops collecting, and the objects keep the order they were
+// found in.
+type seqOrder struct {
+	buf    []seqIdx
+	n      int
+	failed bool
+}
+
+func (o *seqOrder) add(p seqIdx) {
+	if o.failed {
+		return
+	}
+	if o.n == len(o.buf) {
+		grown := max(1<<16, 2*len(o.buf))
+		m, err := mapBytes(-1, int64(grown)*int64(unsafe.Sizeof(p)), unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE, 0)
+		if err != nil {
+			o.failed = true
+			return
+		}
+		next := unsafe.Slice((*seqIdx)(unsafe.Pointer(unsafe.SliceData(m))), grown)
+		copy(next, o.buf[:o.n])
+		o.unmap()
+		o.buf = next
+	}
+	o.buf[o.n] = p
+	o.n++
+}
+
+// pairs is what was collected: valid until close.
+func (o *seqOrder) pairs() []seqIdx { return o.buf[:o.n] }
+
+func (o *seqOrder) unmap() {
+	if len(o.buf) > 0 {
+		unmapBytes(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(o.buf))), len(o.buf)*int(unsafe.Sizeof(seqIdx{}))))
+	}
+	o.buf = nil
+}
+
+func (o *seqOrder) close() {
+	o.unmap()
+	o.n = 0
+}

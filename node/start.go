@@ -1,0 +1,167 @@
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/stratakv/strata/node/arena"
+	"github.com/stratakv/strata/storage"
+)
+
+// Starting and restarting. The service listens within milliseconds of New
+// whatever the arena's size: the arena populates its memory in the background
+// and hands it out as it goes, and an arena file left by the service before
+// (killed, crashed or stopped for an upgrade) has its objects recovered in the
+// background too (node/arena). Meanwhile requests are served from what is
+// ready, and the service says it is starting: Stats().Start, the admin port's
+// /readyz (503 until ready; /healthz stays the liveness check and answers 200
+// with the same words), and HelloReply.Starting, so that no client mistakes
+// a starting service for a dead one.
+
+// StartStats is how the service's start went: what it kept of the service
+// before, and whether it is ready.
+type StartStats struct {
+	// State is StateStarting while the arena's memory is being populated or
+	// its file's objects recovered (the service serves already, from what is
+	// ready), then StateReady.
+	State string `json:"state"`
+	// ReadyPercent is how much of the arena is ready: populated and given to
+	// objects, and (on a restart) read back from the arena file.
+	ReadyPercent float64 `json:"readyPercent"`
+	// Message says it in words, for people: "starting (37% of the arena
+	// ready)" or "ready".
+	Message string `json:"message"`
+	// InstanceID is random per start of the service (HelloReply.InstanceID).
+	InstanceID uint64 `json:"instanceId"`
+	// ContentID names the arena's contents (HelloReply.ContentID): the same
+	// across restarts that kept them, new when the service started empty.
+	ContentID uint64 `json:"contentId"`
+	// Warm is true when this start kept the contents of the service before:
+	// it found the objects of its arena file. ColdReason says why not.
+	Warm       bool   `json:"warm"`
+	ColdReason string `json:"coldReason,omitempty"`
+	// ArenaFile is the arena's file ("" for anonymous memory); Restarts
+	// counts the services started on it before this one (kept in the file).
+	ArenaFile string `json:"arenaFile,omitempty"`
+	Restarts  uint64 `json:"restarts"`
+	// PreviousClean is true when the service before shut down cleanly
+	// (SIGTERM), false after a kill or a crash.
+	PreviousClean bool `json:"previousClean"`
+	// Recovered counts the objects found in the arena file, Lost the ones
+	// found damaged (dropped, never served), and DroppedAtStart those an
+	// arena file of another geometry held (a cold start drops them).
+	Recovered      int64 `json:"recovered"`
+	Lost           int64 `json:"lost"`
+	DroppedAtStart int64 `json:"droppedAtStart,omitempty"`
+	// LostEvicted counts objects the service before evicted to the spill just
+	// before it was killed that are in neither tier now: the spill still held
+	// them in its write buffers, which die with the process (a SIGTERM writes
+	// them out). Checked once the start is over, from the arena file's
+	// eviction log; EvictionsChecked is how many evictions it named.
+	LostEvicted      int64 `json:"lostEvicted"`
+	EvictionsChecked int64 `json:"evictionsChecked"`
+	// ListeningAfter is the time from New to accepting connections;
+	// ReadyAfter, to ready (0 while starting).
+	ListeningAfter time.Duration `json:"listeningAfter"`
+	ReadyAfter     time.Duration `json:"readyAfter,omitempty"`
+}
+
+// Start states.
+const (
+	StateStarting = "starting"
+	StateReady    = "ready"
+)
+
+// newInstanceID is a random nonzero id; crypto/rand never fails on Linux.
+func newInstanceID() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) | 1
+}
+
+// startStats describes the start from the arena's stats.
+func (s *Server) startStats(a arena.Stats) StartStats {
+	r := a.Recovery
+	st := StartStats{InstanceID: s.instanceID, ContentID: r.ContentID, Warm: r.Warm, ColdReason: r.Cold, ArenaFile: r.File,
+		PreviousClean: r.PreviousClean, Recovered: r.Recovered, Lost: r.Lost, DroppedAtStart: r.DroppedAtStart,
+		ListeningAfter: s.listeningAfter, LostEvicted: s.lostEvicted.Load(), EvictionsChecked: s.evictionsChecked.Load()}
+	if r.Starts > 0 && r.File != "" {
+		st.Restarts = r.Starts - 1
+	}
+	if a.Ready && s.startChecked.Load() {
+		st.State, st.ReadyPercent, st.Message = StateReady, 100, StateReady
+		st.ReadyAfter = time.Duration(s.readyAfter.Load())
+		return st
+	}
+	pct := 100 * float64(a.ReadyBytes) / float64(max(a.SizeBytes, 1))
+	if r.Recovering && r.Slabs > 0 {
+		pct = min(pct, 100*float64(r.SlabsRead)/float64(r.Slabs))
+	}
+	pct = min(math.Floor(pct), 99) // "100%" only once ready
+	st.State, st.ReadyPercent = StateStarting, pct
+	st.Message = fmt.Sprintf("starting (%.0f%% of the arena ready)", pct)
+	if r.Recovering {
+		st.Message = fmt.Sprintf("starting (%.0f%% of the arena ready, %d objects recovered so far)", pct, r.Recovered)
+	}
+	return st
+}
+
+// watchReady logs when the arena is done starting, and checks the evictions
+// the service before made just before it ended (checkEvictions).
+func (s *Server) watchReady() {
+	defer s.wg.Done()
+	select {
+	case <-s.arena.Ready():
+	case <-s.done:
+		return
+	}
+	s.checkEvictions()
+	d := time.Since(s.started)
+	s.readyAfter.Store(int64(d))
+	s.startChecked.Store(true)
+	st := s.arena.Stats()
+	s.log.Info("node service ready", "after", d.Round(time.Millisecond), "listeningAfter", s.listeningAfter.Round(time.Microsecond),
+		"warm", st.Recovery.Warm, "objects", st.Objects, "recovered", st.Recovery.Recovered, "lost", st.Recovery.Lost,
+		"arenaWarmup", st.WarmupTook.Round(time.Millisecond))
+}
+
+// checkEvictions looks for the objects the service before evicted to the
+// spill shortly before it ended (the arena file's eviction log) in the arena
+// and the spill: one in neither was lost with the spill's write buffers when
+// that service was killed. They are counted (Stats().Start.LostEvicted) and
+// logged, so that every object a client was told is stored is either served
+// or reported lost.
+func (s *Server) checkEvictions() {
+	recent := s.arena.RecentEvictions()
+	if len(recent) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.life, s.cfg.RequestTimeout)
+	defer cancel()
+	var lost int64
+	var sample []string
+	for _, e := range recent {
+		if s.arena.Contains(e.Key, e.Format) {
+			continue
+		}
+		if s.spill != nil {
+			if _, err := s.spill.ObjectSize(ctx, e.Key, storage.Format(e.Format)); err == nil {
+				continue
+			}
+		}
+		lost++
+		if len(sample) < 5 {
+			sample = append(sample, e.Key)
+		}
+	}
+	s.evictionsChecked.Store(int64(len(recent)))
+	s.lostEvicted.Store(lost)
+	if lost > 0 {
+		s.log.Warn("objects evicted to the spill just before the service before was killed are gone: they were still in the spill's write buffers",
+			"lost", lost, "evictionsChecked", len(recent), "keys", sample, "fix", "stop the service with SIGTERM, which writes the buffers out")
+	}
+}
