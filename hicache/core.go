@@ -782,6 +782,7 @@ func (c *core[E]) reap() {
 				c.l3.st.BackedUpTokens += int64(j.written * c.cfg.PageSize)
 			}
 		}
+		c.refill()
 	}
 	c.poisoned = c.retry(c.poisoned, func(n *radix.Node[E]) bool {
 		if n.Device() == nil {

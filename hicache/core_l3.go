@@ -9,6 +9,7 @@ import (
 	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 	"github.com/stratakv/strata/radix"
+	"github.com/stratakv/strata/storage"
 )
 
 // pageKeys returns the keys of pages [cached, upto) of tokens in namespace seed,
@@ -69,6 +70,50 @@ func (c *core[E]) backupToL3(nodes []*radix.Node[E]) {
 			continue
 		}
 		c.l3.backupPending += pages
+	}
+}
+
+// refill backs up again what the cache holds in L2 once the backend says its
+// store was emptied (a node service that restarted cold; storage.ContentTracker):
+// the pages it believed in L3 are gone there, and without this every later
+// request would miss them in L3 until they were computed again. It runs at
+// the lowest priority: nodes are fed to the backup queue only while regular
+// backups leave it half empty (prefetches run ahead of backups anyway), and a
+// node gone from L2 meanwhile is skipped. Puts are write-once, so pages the
+// service kept (its spill) cost a lookup, not a write.
+func (c *core[E]) refill() {
+	l := c.l3
+	if l == nil || !l.enabled {
+		return
+	}
+	if e := storage.ContentEpochOf(l.backend); e != l.contentEpoch {
+		l.contentEpoch = e
+		l.refillQ = l.refillQ[:0]
+		pages := 0
+		c.tree.Walk(func(_ pagekey.Key, _ []E, n *radix.Node[E]) bool {
+			if n.Host() != nil {
+				l.refillQ = append(l.refillQ, n)
+				pages += n.Pages()
+			}
+			return true
+		})
+		l.st.Refills++
+		l.st.RefillPages += int64(pages)
+		l.log.Info("hicache: the L3 backend came back emptied; backing up again what L2 holds, at the lowest priority",
+			"backend", l.backend.Name(), "nodes", len(l.refillQ), "pages", pages)
+	}
+	limit := l.cfg.BackupQueuePages
+	if limit == 0 {
+		limit = c.host.Pages()
+	}
+	for len(l.refillQ) > 0 && l.backupPending < limit/2 && !l.down() {
+		n := l.refillQ[0].(*radix.Node[E])
+		l.refillQ[0] = nil
+		l.refillQ = l.refillQ[1:]
+		c.backupToL3([]*radix.Node[E]{n})
+	}
+	if len(l.refillQ) == 0 {
+		l.refillQ = nil
 	}
 }
 

@@ -56,6 +56,10 @@ type l3Tier struct {
 	bytesWritten atomic.Int64
 
 	// Owned by the cache (under Cache.mu).
+	// contentEpoch is the backend's storage.ContentEpochOf when the cache last
+	// looked; refillQ, the nodes still to back up again since it moved.
+	contentEpoch  uint64
+	refillQ       []any // *radix.Node of the cache's element type
 	inflight      map[pagekey.Key]*prefetchOp
 	reserved      int
 	backupPending int
@@ -66,7 +70,8 @@ type l3Tier struct {
 // backend refuses runs without L3 (its L2 keeps working), with one warning that
 // says which pool, why and what to change.
 func newL3Tier(cfg L3Config, backend storage.Backend, host *pool.Group, log *slog.Logger) *l3Tier {
-	l := &l3Tier{backend: backend, cfg: cfg, log: log, ps: host.PageSize(), inflight: map[pagekey.Key]*prefetchOp{}, backoff: minBackoff}
+	l := &l3Tier{backend: backend, cfg: cfg, log: log, ps: host.PageSize(), inflight: map[pagekey.Key]*prefetchOp{}, backoff: minBackoff,
+		contentEpoch: storage.ContentEpochOf(backend)}
 	l.qcond = sync.NewCond(&l.qmu)
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	want := backend.Allocator()

@@ -45,6 +45,8 @@ func NewMetrics(c *Cache, constLabels prometheus.Labels) *Metrics {
 	d("prefetched_tokens_total", "Tokens prefetched from L3 into L2.")
 	d("backuped_tokens_total", "Tokens backed up from L2 to L3.")
 	d("backup_skipped_tokens_total", "Tokens not backed up to L3: queue full or L3 down.")
+	d("l3_refills_total", "Times the L3 backend came back emptied (a node service restarted cold) and the cache backed up its L2 again.")
+	d("l3_refill_tokens_total", "Tokens queued for backup again after the L3 backend came back emptied.")
 	d("l3_bytes_total", "Object bytes moved to or from L3; rate() of it is the prefetch (read) or backup (write) bandwidth.", "direction")
 	d("prefetch_total", "L3 prefetches by how they ended.", "outcome")
 	d("l3_faults_total", "L3 storage errors by kind.", "kind")
@@ -102,6 +104,8 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	counter("prefetched_tokens_total", float64(s.L3.PrefetchedTokens))
 	counter("backuped_tokens_total", float64(s.L3.BackedUpTokens))
 	counter("backup_skipped_tokens_total", float64(s.L3.BackupSkippedPages)*m.ps)
+	counter("l3_refills_total", float64(s.L3.Refills))
+	counter("l3_refill_tokens_total", float64(s.L3.RefillPages)*m.ps)
 	counter("l3_bytes_total", float64(s.L3.BytesRead), "read")
 	counter("l3_bytes_total", float64(s.L3.BytesWritten), "write")
 	p := s.L3.Prefetch

@@ -83,6 +83,12 @@ type L3Stats struct {
 	BackedUpTokens int64 `json:"backedUpTokens"`
 	// BackupSkippedPages counts pages not backed up: the queue was full or L3 was down.
 	BackupSkippedPages int64 `json:"backupSkippedPages"`
+	// Refills counts the times the backend came back emptied (a node service
+	// restarted cold: storage.ContentTracker) and the cache started backing up
+	// again what it held in L2; RefillPages counts the pages it queued for that,
+	// at the lowest priority.
+	Refills     int64 `json:"refills"`
+	RefillPages int64 `json:"refillPages"`
 	// BytesRead and BytesWritten count object bytes moved, every pool included.
 	BytesRead    int64 `json:"bytesRead"`
 	BytesWritten int64 `json:"bytesWritten"`

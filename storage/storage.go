@@ -203,3 +203,32 @@ func EpochOf(b Backend) uint64 {
 	}
 	return 0
 }
+
+// ContentTracker is implemented by a Backend whose stored objects can vanish
+// all at once while the backend itself comes back: a node service that
+// restarted with an empty arena (a cold start: no arena file, a reboot, an
+// incompatible file). A cache that backed pages up compares ContentEpoch with
+// the value it saw before: a different value means what it stored may be
+// gone, and it backs up again what it still holds (hicache does, at the lowest
+// priority). A warm restart that kept the objects does not move it.
+type ContentTracker interface {
+	// ContentEpoch counts the times the backend found its store emptied; it
+	// never decreases.
+	ContentEpoch() uint64
+}
+
+// ContentEpochOf returns b's ContentEpoch, looking through decorators
+// (Unwrap), or 0 when no backend in the chain tracks its contents.
+func ContentEpochOf(b Backend) uint64 {
+	for b != nil {
+		if r, ok := b.(ContentTracker); ok {
+			return r.ContentEpoch()
+		}
+		u, ok := b.(interface{ Unwrap() Backend })
+		if !ok {
+			return 0
+		}
+		b = u.Unwrap()
+	}
+	return 0
+}

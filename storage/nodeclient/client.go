@@ -82,6 +82,11 @@ type Backend struct {
 	up     chan struct{}
 	nextID atomic.Uint64
 	epoch  atomic.Uint64 // ready connections so far
+	// content is the service's ContentID on the last connection (0 before
+	// the first, or from a service that does not say), and contentEpoch
+	// counts the reconnections that found it changed (ContentEpoch).
+	content      atomic.Uint64
+	contentEpoch atomic.Uint64
 
 	life context.Context // canceled by Close: ends the connector's waits and handshakes
 	end  context.CancelFunc
@@ -101,8 +106,9 @@ type hooks struct {
 }
 
 var (
-	_ storage.Backend     = (*Backend)(nil)
-	_ storage.Reconnector = (*Backend)(nil)
+	_ storage.Backend        = (*Backend)(nil)
+	_ storage.Reconnector    = (*Backend)(nil)
+	_ storage.ContentTracker = (*Backend)(nil)
 )
 
 // poolReg is a registered pool: its spec, a duplicate of its memfd for
@@ -186,6 +192,26 @@ func (b *Backend) WaitConnected(ctx context.Context) error {
 // cache that stopped using L3 after a fault uses it again as soon as Epoch moves.
 func (b *Backend) Epoch() uint64 { return b.epoch.Load() }
 
+// ContentEpoch counts the reconnections to a service whose contents were not
+// the ones of the connection before (storage.ContentTracker): it restarted
+// empty, so what the client stored there is gone but for what the service's
+// spill kept. A warm restart (the service kept its arena) does not move it.
+func (b *Backend) ContentEpoch() uint64 { return b.contentEpoch.Load() }
+
+// noteContent records the ContentID of a new connection's service and reports
+// whether it differs from the last connection's.
+func (b *Backend) noteContent(id uint64) bool {
+	if id == 0 {
+		return false // a service that does not say
+	}
+	old := b.content.Swap(id)
+	if old == 0 || old == id {
+		return false
+	}
+	b.contentEpoch.Add(1)
+	return true
+}
+
 // connector connects, registers the pools, waits for the connection to fail, and
 // starts over with backoff until Close.
 func (b *Backend) connector() {
@@ -242,6 +268,9 @@ func (b *Backend) connect() (chan struct{}, error) {
 		return fail(fmt.Errorf("node service answered %T to Hello: %w", m, storage.ErrIO))
 	}
 	l = newLink(ctx, conn, hello, clockNow(), b.log, b.cfg.Socket)
+	// Before the connection is published (and Epoch moves): a cache that sees
+	// the new epoch sees the new content epoch too.
+	emptied := b.noteContent(hello.ContentID)
 	// Claim every pool for this connection before registering it, so that a
 	// RegisterPool meanwhile is either in this list or sees the connection.
 	b.mu.Lock()
@@ -314,8 +343,12 @@ func (b *Backend) connect() (chan struct{}, error) {
 		close(b.up)
 	}
 	b.mu.Unlock()
+	if emptied {
+		b.log.Warn("node client: the node service came back empty (it restarted without its arena's contents); what this engine stored there is gone but for what its spill kept, and the cache stores again what it still holds",
+			"socket", b.cfg.Socket)
+	}
 	if epoch > 1 {
-		b.log.Info("node client: reconnected to the node service and registered its pools again", "socket", b.cfg.Socket, "pools", len(regs)+len(missed))
+		b.log.Info("node client: reconnected to the node service and registered its pools again", "socket", b.cfg.Socket, "pools", len(regs)+len(missed), "warm", hello.Warm)
 	}
 	return dead, nil
 }

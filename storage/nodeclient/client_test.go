@@ -227,6 +227,9 @@ func TestReconnectAfterRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		cancel()
+		if got := b.ContentEpoch(); got != uint64(r) {
+			t.Fatalf("ContentEpoch %d after cold restart %d", got, r)
+		}
 		// The new service is empty: what the old one held is a miss.
 		for _, p := range g.Pools() {
 			if errs := b.Get(ctx, p.Name(), ks[:1], []pool.PageID{2}); !errors.Is(errs[0], storage.ErrNotFound) {
@@ -313,5 +316,50 @@ func TestPoolKeysFollowTheWireRule(t *testing.T) {
 		if !bytes.Equal(x, y) {
 			t.Fatalf("buffer %d read back other bytes", buf)
 		}
+	}
+}
+
+// A warm restart (the service re-attached its arena file) keeps the client's
+// ContentEpoch; a restart that lost the arena moves it, which tells a cache to
+// store again what it holds.
+func TestContentEpochMovesOnlyOnAColdRestart(t *testing.T) {
+	if _, err := os.Stat("/dev/shm"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no /dev/shm for an arena file")
+		}
+		t.Skip("no /dev/shm for an arena file")
+	}
+	dir, err := os.MkdirTemp("/dev/shm", "strata-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	socket := filepath.Join(socketDir(t), "s")
+	file := func(c *node.Config) { c.ArenaFile = filepath.Join(dir, "arena") }
+	s := startServer(t, socket, file)
+	t.Cleanup(func() { s.Close() })
+	b := newClient(t, socket)
+	defer b.Close()
+	restart := func(tweak func(*node.Config)) {
+		t.Helper()
+		epoch := b.Epoch()
+		s.Close()
+		s = startServer(t, socket, tweak)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for b.Epoch() == epoch {
+			if ctx.Err() != nil {
+				t.Fatal("the client did not reconnect")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	restart(file)
+	if got := b.ContentEpoch(); got != 0 {
+		t.Fatalf("ContentEpoch %d after a warm restart, want 0", got)
+	}
+	restart(nil) // anonymous memory: a cold start
+	if got := b.ContentEpoch(); got != 1 {
+		t.Fatalf("ContentEpoch %d after a cold restart, want 1", got)
 	}
 }
