@@ -58,6 +58,17 @@ type Config struct {
 	// drops when full; 0 means 256 MiB. A spill smaller than eight segments
 	// uses an eighth of its capacity.
 	SpillSegmentBytes int64 `json:"spill-segment"`
+	// SpillCompactBelow is the share of a finished spill segment that must
+	// still be live for it to be left alone: below it, its live objects are
+	// copied forward and its file deleted, so that removed objects' bytes come
+	// back. 0.5 writes at most a byte per byte freed; lower writes less and
+	// keeps more dead bytes, higher (up to 0.9) frees space sooner; 0 is off.
+	SpillCompactBelow float64 `json:"spill-compact-below"`
+	// SpillCompactRate bounds compaction's reads and writes in bytes per
+	// second, so that it never takes the device from serving: 64 MiB/s is a
+	// few percent of an NVMe drive; raise it where removes outpace it (the
+	// spill's deadBytes keep growing). 0 means no bound.
+	SpillCompactRate int64 `json:"spill-compact-rate"`
 	// RemoteAddrs are the seed addresses of a Redis Cluster (or one Redis server)
 	// that the service writes through to: puts are copied there asynchronously, and
 	// a get that misses the arena and the spill looks there, so node services that
@@ -203,6 +214,8 @@ func DefaultConfig(socket string) Config {
 		LowWatermark:         0.85,
 		SpillBytes:           64 << 30,
 		SpillSegmentBytes:    256 << 20,
+		SpillCompactBelow:    0.5,
+		SpillCompactRate:     64 << 20,
 		ClientQuotaBytes:     64 << 30,
 		RemoteQueueBytes:     1 << 30,
 		MaxClients:           256,
@@ -233,6 +246,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("watermarks low %v, high %v (--low-watermark, --high-watermark): want 0 < low < high <= 1: %w", c.LowWatermark, c.HighWatermark, ErrConfig)
 	case c.SpillDir != "" && c.SpillBytes <= 0:
 		return fmt.Errorf("spill capacity %d bytes (--spill-capacity): want positive: %w", c.SpillBytes, ErrConfig)
+	case !(c.SpillCompactBelow >= 0 && c.SpillCompactBelow <= 0.9):
+		return fmt.Errorf("spill compaction below %v live (--spill-compact-below): want 0 (off) to 0.9: %w", c.SpillCompactBelow, ErrConfig)
+	case c.SpillCompactRate < 0:
+		return fmt.Errorf("spill compaction rate %d bytes/s (--spill-compact-rate): want 0 (no bound) or more: %w", c.SpillCompactRate, ErrConfig)
 	case c.SpillSegmentBytes != 0 && (c.SpillSegmentBytes < 1<<20 || c.SpillSegmentBytes > 64<<30):
 		return fmt.Errorf("spill segments of %d bytes (--spill-segment): want 1 MiB to 64 GiB, or 0 for 256 MiB: %w", c.SpillSegmentBytes, ErrConfig)
 	case len(c.RemoteAddrs) > 0 && c.RemoteQueueBytes <= 0:

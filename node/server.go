@@ -138,6 +138,7 @@ func New(cfg Config) (*Server, error) {
 		if cfg.SpillSegmentBytes > 0 {
 			sc.SegmentBytes = cfg.SpillSegmentBytes
 		}
+		sc.CompactBelow, sc.CompactBytesPerSec = cfg.SpillCompactBelow, cfg.SpillCompactRate
 		sc.Logger = s.log
 		if s.spill, err = spill.New(sc); err != nil {
 			return nil, fmt.Errorf("spill directory (--spill-dir): %w", err)

@@ -132,6 +132,8 @@ func newServeSettings() *serveSettings {
 	str("spill-dir", "SSD directory for evicted objects, created if missing and checked writable at start (empty: drop them)", &c.SpillDir)
 	size("spill-capacity", "spill directory size bound, e.g. 500GiB; past it (or the device's free space) the oldest segment file goes", &c.SpillBytes)
 	size("spill-segment", "size of the spill's append-only segment files, the unit dropped when full (a spill under eight segments uses an eighth of its capacity)", &c.SpillSegmentBytes)
+	frac("spill-compact-below", "a spill segment less live than this is compacted (its live objects copied forward, its file deleted) so removed objects' space comes back; 0 is off, at most 0.9", &c.SpillCompactBelow)
+	size("spill-compact-rate", "bytes per second compaction may read and write, e.g. 64MiB (0: no bound)", &c.SpillCompactRate)
 	add("remote", "Redis Cluster (or server) addresses to write through to, comma-separated (a JSON array in --config) (empty: none)", kindList, func(v string) error {
 		c.RemoteAddrs = nil
 		for _, a := range strings.Split(v, ",") {

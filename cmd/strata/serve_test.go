@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -59,5 +60,22 @@ func TestServeIsolationAndRemoteSettings(t *testing.T) {
 	}
 	if err := s.load(fs, given()); err == nil {
 		t.Error("an unknown user in --tenant-groups was accepted")
+	}
+}
+
+// Bad values of the spill's compaction knobs are refused, naming the flag.
+func TestServeSpillCompactionFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--spill-compact-below", "0.95"}, "--spill-compact-below"},
+		{[]string{"--spill-compact-rate", "-1"}, "--spill-compact-rate"},
+	} {
+		args := append([]string{"--socket", filepath.Join(shortDir(t), "s.sock"), "--admin", "127.0.0.1:0"}, c.args...)
+		code, errs := runServeCLI(t, args...)
+		if code != 2 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q", c.args, code, errs)
+		}
 	}
 }
