@@ -42,6 +42,9 @@ type remoteTier struct {
 	ctx       context.Context
 	cancel    context.CancelFunc
 
+	// reach logs Redis going away and coming back, once each (outage.go).
+	reach *outage
+
 	written, writeFailed, dropped, hits, misses, faults atomic.Int64
 }
 
@@ -55,7 +58,8 @@ type remoteJob struct {
 const remoteBatch = 64
 
 func newRemoteTier(s *Server, cfg redisstore.Config) *remoteTier {
-	r := &remoteTier{s: s, cfg: cfg, writing: map[string]int{}}
+	r := &remoteTier{s: s, cfg: cfg, writing: map[string]int{},
+		reach: newOutage(s.log, "Redis", "serving without it (writes through are dropped, its objects are misses) and retrying")}
 	r.cond = sync.NewCond(&r.mu)
 	r.writeDone = sync.NewCond(&r.mu)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
@@ -85,10 +89,11 @@ func (r *remoteTier) connect() {
 		}
 		if err == nil {
 			r.store.Store(st)
+			r.reach.ok("addrs", r.s.cfg.RemoteAddrs)
 			r.s.log.Info("node service: writing through to Redis", "addrs", r.s.cfg.RemoteAddrs)
 			return
 		}
-		r.s.log.Warn("node service: Redis unreachable; serving without it and retrying", "addrs", r.s.cfg.RemoteAddrs, "err", err)
+		r.reach.fail(err, "addrs", r.s.cfg.RemoteAddrs)
 		select {
 		case <-r.ctx.Done():
 			return
@@ -209,6 +214,7 @@ func (r *remoteTier) write(jobs []remoteJob) {
 	for _, l := range leases {
 		l.Release()
 	}
+	r.noteErrs(errs)
 	for _, err := range errs {
 		if err != nil {
 			r.s.log.Debug("write-through to Redis failed", "err", err)
@@ -219,6 +225,28 @@ func (r *remoteTier) write(jobs []remoteJob) {
 			continue
 		}
 		r.written.Add(1)
+	}
+}
+
+// noteErrs tells the outage tracker how a batch went: a fault that says Redis
+// did not answer (unavailable, a timeout) is a failure, any answer (a miss
+// included) is an answer.
+func (r *remoteTier) noteErrs(errs []error) {
+	var fault error
+	answered := false
+	for _, err := range errs {
+		switch storage.FaultKind(err) {
+		case "unavailable", "timeout":
+			fault = err
+		default:
+			answered = true
+		}
+	}
+	switch {
+	case answered:
+		r.reach.ok("addrs", r.s.cfg.RemoteAddrs)
+	case fault != nil:
+		r.reach.fail(fault, "addrs", r.s.cfg.RemoteAddrs)
 	}
 }
 
@@ -294,6 +322,7 @@ func (c *session) fetchRemote(ctx context.Context, items []wire.Item, w *window,
 		h.beforeRemoteGet() // tests: look at the counters mid-request
 	}
 	errs := st.GetObjects(ctx, objs)
+	r.noteErrs(errs)
 	for k, pd := range ps {
 		err := errs[k]
 		switch {

@@ -1,6 +1,9 @@
 package node
 
 import (
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,5 +90,65 @@ func TestRemoteDownServesLocally(t *testing.T) {
 	}
 	if st := s.Stats(); st.Remote == nil || st.Remote.Connected {
 		t.Fatalf("remote stats %+v", st.Remote)
+	}
+}
+
+// syncBuffer is a log sink for tests, safe for the service's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A Redis that does not answer is one log line when the service finds it gone
+// and one when it answers again, with the count of failed attempts between;
+// before, every retry logged a warning with the whole error (six in three
+// seconds), the joined errors' newlines included.
+func TestRedisOutageIsTwoLogLines(t *testing.T) {
+	redis := redistest.Start(t)
+	redis.Kill() // the address stays known; nothing answers there
+	var logs syncBuffer
+	s := start(t, func(c *Config) {
+		c.RemoteAddrs = []string{redis.Addr()}
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		s.remote.reach.mu.Lock()
+		n := s.remote.reach.failures
+		s.remote.reach.mu.Unlock()
+		if n >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the service tried Redis %d times in 20 s", n)
+		}
+	}
+	redis.Restart(t)
+	waitRemoteConnected(t, s)
+	var warns, backs []string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		switch {
+		case strings.Contains(line, "level=WARN") && strings.Contains(line, "Redis"):
+			warns = append(warns, line)
+		case strings.Contains(line, "Redis answers again"):
+			backs = append(backs, line)
+		}
+	}
+	if len(warns) != 1 || len(backs) != 1 {
+		t.Fatalf("an outage of 3+ attempts logged %d warnings and %d recoveries, want 1 and 1:\n%s", len(warns), len(backs), logs.String())
+	}
+	if !strings.Contains(backs[0], "failures=") {
+		t.Fatalf("the recovery line does not count the failures: %s", backs[0])
 	}
 }
