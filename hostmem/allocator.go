@@ -160,8 +160,8 @@ func (a *Allocator) checkAvailable(name string, size int64) error {
 	}
 	avail -= a.lazy.Load()
 	if size > avail-a.cfg.ReserveBytes {
-		return fmt.Errorf("allocate %s: %s requested, %s available, %s reserved: shrink the pool (host ratio/size) or the reserve: %w",
-			name, FormatBytes(size), FormatBytes(max(avail, 0)), FormatBytes(a.cfg.ReserveBytes), ErrNoMemory)
+		return fmt.Errorf("allocate %s: %s requested, %s available, %s reserved: ask for less (at most %s fits) or lower the reserve: %w",
+			name, FormatBytes(size), FormatBytes(max(avail, 0)), FormatBytes(a.cfg.ReserveBytes), FormatBytes(max(avail-a.cfg.ReserveBytes, 0)), ErrNoMemory)
 	}
 	return nil
 }

@@ -18,7 +18,14 @@ import (
 	"github.com/stratakv/strata/storage/redisstore"
 )
 
-// exitUsage is the status for bad flags or bad input, as the issue and POSIX tools use.
+// Exit statuses, one rule for every command: 2 when what the caller asked for
+// cannot work as given (a bad flag or value, bad input on stdin, a path or
+// socket that cannot be used or that another service holds, a size this
+// machine cannot give): change the command line or the configuration; 1 when
+// it was run and failed (a tier failing under load, requests that failed, a
+// bench that found corrupt pages); 130 when interrupted.
+//
+// exitUsage is the status for a command line or configuration that cannot work.
 const exitUsage = 2
 
 // exitInterrupted is the status after SIGINT or SIGTERM, as shells report 128+SIGINT.

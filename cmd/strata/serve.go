@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,7 +17,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/stratakv/strata/hostmem"
 	"github.com/stratakv/strata/node"
+	"github.com/stratakv/strata/node/arena"
+	"github.com/stratakv/strata/node/wire"
+	"github.com/stratakv/strata/storage"
 )
 
 // serveSettings binds every setting of `strata serve` to its flag, its environment
@@ -474,7 +479,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	raiseFDLimit(s.cfg.Logger)
 	srv, err := node.New(s.cfg)
 	if err != nil {
-		if errorsIs(err, node.ErrConfig) {
+		if configError(err) {
 			return usageError{err}
 		}
 		return err
@@ -519,4 +524,17 @@ func raiseFDLimit(log *slog.Logger) {
 		}
 	}
 	log.Info("descriptor limit", "open_files", lim.Cur)
+}
+
+// configError reports whether err, from starting the node service, means the
+// configuration cannot work here (exit 2, see exitUsage): a bad value, a path
+// or socket that cannot be used or that another service holds, an arena this
+// machine's memory cannot give.
+func configError(err error) bool {
+	for _, target := range []error{node.ErrConfig, storage.ErrConfig, wire.ErrInUse, arena.ErrConfig, arena.ErrFile, arena.ErrLocked, hostmem.ErrNoMemory} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"golang.org/x/sys/unix"
 	"io"
 	"os"
 	"path/filepath"
@@ -279,4 +280,59 @@ func TestInspectTextSaysWhenItShowsOneTenant(t *testing.T) {
 			t.Errorf("scope %s: tenant line shown %v, want %v:\n%s", c.scope, got, c.want, b.String())
 		}
 	}
+}
+
+// One rule for exit statuses (exitUsage): a configuration that cannot work
+// here exits 2, whether the flag is malformed or what it names is taken or too
+// big. A socket in use, a spill directory another service holds, an arena the
+// machine cannot give and an arena file off tmpfs used to exit 1, a spill
+// directory that is a file 2.
+func TestServeConfigurationErrorsExit2(t *testing.T) {
+	busy := filepath.Join(shortDir(t), "s.sock")
+	spillDir := t.TempDir()
+	cfg := node.DefaultConfig(busy)
+	cfg.ArenaBytes, cfg.Admin, cfg.ArenaFile, cfg.SpillDir = 8<<20, "", "", spillDir
+	srv, err := node.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"socket in use", []string{"--socket", busy}, "--socket"},
+		{"spill directory in use", []string{"--spill-dir", spillDir}, "--spill-dir"},
+		{"arena too big", []string{"--arena", "1PiB"}, "--arena"},
+		{"arena file off tmpfs", []string{"--arena-file", filepath.Join(diskDir(t), "arena")}, "--arena-file"},
+	} {
+		if c.name == "arena file off tmpfs" && c.args[1] == "arena" {
+			continue // no disk here (diskDir said so)
+		}
+		args := append([]string{"--socket", filepath.Join(shortDir(t), "s.sock"), "--arena", "8MiB", "--arena-file", "", "--admin", ""}, c.args...)
+		code, errs := runServeCLI(t, args...)
+		if code != 2 || !strings.Contains(errs, c.want) {
+			t.Errorf("%s: exit %d, want 2 naming %s; stderr:\n%s", c.name, code, c.want, errs)
+		}
+	}
+}
+
+// diskDir is a temporary directory on a disk file system (not tmpfs), beside
+// the test's package (the temporary directory may be a tmpfs), or "" when
+// that is no disk either.
+func diskDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp(".", "disk-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil || fs.Type == unix.TMPFS_MAGIC || fs.Type == unix.RAMFS_MAGIC {
+		t.Logf("no disk file system beside the package (%v): the arena-file case is left out", err)
+		return ""
+	}
+	abs, _ := filepath.Abs(dir)
+	return abs
 }
