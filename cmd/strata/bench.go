@@ -24,7 +24,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		return runBenchMatrix(ctx, args[1:], stdout, stderr)
 	}
 	def := sim.DefaultConfig()
-	fs := newFlagSet("bench", stderr)
+	fs := newFlagSet("bench", stdout)
 	wl := fs.String("workload", "multiturn", "workload: "+strings.Join(workload.Names(), ", "))
 	seed := fs.Int64("seed", def.Seed, "trace seed; the same seed gives the same trace")
 	model := fs.String("model", def.Model.Name, "model preset: "+describeModels())
@@ -77,7 +77,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		fmt.Fprintln(fs.Output(), "usage: strata bench [flags]          the workload simulator: l1-only, ceiling and strata runs of one trace")
 		fmt.Fprintln(fs.Output(), "       strata bench tiers [flags]    the storage benchmark: an L3 backend's put/get vs its physical limit (strata bench tiers -h)")
 		fmt.Fprintln(fs.Output(), "       strata bench matrix [flags]   every model preset on every workload, on defaults: the README's table (strata bench matrix -h)")
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -241,7 +241,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 // runBenchMatrix is `strata bench matrix`: every model preset on every workload,
 // each a bench of its own on its defaults, as the README's Markdown table.
 func runBenchMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench matrix", stderr)
+	fs := newFlagSet("bench matrix", stdout)
 	models := fs.String("models", "", "model presets, comma-separated (default: every one: "+strings.Join(sim.ModelNames(), ", ")+")")
 	workloads := fs.String("workloads", "", "workloads, comma-separated (default: every one: "+strings.Join(workload.Names(), ", ")+")")
 	repeat := fs.Int("repeat", 2, "runs of each cell, for the spread of its time on a shared machine")
@@ -249,7 +249,7 @@ func runBenchMatrix(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: strata bench matrix [flags] [-- bench flags]   runs `strata bench --model M --workload W` for every cell,")
 		fmt.Fprintln(fs.Output(), "       one at a time, each with a temporary directory of its own, and prints the Markdown table of the README")
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	var extra []string
 	for i, a := range args {

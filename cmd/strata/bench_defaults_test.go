@@ -11,7 +11,7 @@ import (
 
 // Every flag of `strata bench -h` says its default, the computed ones in words.
 func TestBenchHelpShowsEveryDefault(t *testing.T) {
-	code, _, help := runCLI(t, "", "bench", "-h")
+	code, help, _ := runCLI(t, "", "bench", "-h")
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, help)
 	}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
@@ -8,9 +10,9 @@ import (
 )
 
 func TestBenchHelpMentionsTiers(t *testing.T) {
-	code, _, errs := runCLI(t, "", "bench", "-h")
-	if code != 0 || !strings.Contains(errs, "strata bench tiers [flags]") {
-		t.Fatalf("exit %d, help:\n%s", code, errs)
+	code, help, _ := runCLI(t, "", "bench", "-h")
+	if code != 0 || !strings.Contains(help, "strata bench tiers [flags]") {
+		t.Fatalf("exit %d, help:\n%s", code, help)
 	}
 }
 
@@ -66,5 +68,36 @@ func TestVersionNamesTheCommit(t *testing.T) {
 	code, out, _ := runCLI(t, "", "version")
 	if code != 0 || !strings.Contains(out, "commit ") {
 		t.Errorf("version: exit %d, %q", code, out)
+	}
+}
+
+// -h prints the usage on stdout and exits 0, as kubectl and etcd do (so that
+// `strata serve -h | grep spill` finds the spill's flags), and every flag of
+// every command shows its default, the empty and false ones included.
+func TestHelpGoesToStdoutWithEveryDefault(t *testing.T) {
+	for _, cmd := range [][]string{{"serve"}, {"inspect"}, {"keys"}, {"version"}, {"bench"}, {"bench", "tiers"}, {"bench", "matrix"}} {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), append(cmd, "-h"), strings.NewReader(""), &out, &errb)
+		if code != 0 || errb.Len() != 0 || !strings.Contains(out.String(), "usage: strata "+strings.Join(cmd, " ")) {
+			t.Errorf("%v -h: exit %d, stdout %d bytes, stderr %q", cmd, code, out.Len(), errb.String())
+			continue
+		}
+		var flagName string
+		shown := true
+		check := func() {
+			if flagName != "" && !shown {
+				t.Errorf("%v -h: %s shows no default", cmd, flagName)
+			}
+		}
+		for _, line := range strings.Split(out.String(), "\n") {
+			if strings.HasPrefix(line, "  -") {
+				check()
+				flagName, shown = strings.Fields(line)[0], false
+			}
+			if strings.Contains(line, "(default") {
+				shown = true
+			}
+		}
+		check()
 	}
 }

@@ -5,21 +5,47 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // errHelp reports that -h was asked for and the usage was printed.
 var errHelp = errors.New("help")
 
 // newFlagSet returns a flag set that reports errors instead of exiting. Parse
-// errors are returned as one line; the full usage is printed only for -h.
-func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+// errors are returned as one line (the caller prints it on stderr); the full
+// usage is printed only for -h, on stdout, and the command exits 0, as kubectl
+// and etcd do: `strata serve -h | grep spill` finds the spill's flags.
+func newFlagSet(name string, stdout io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("strata "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(stdout)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: strata %s [flags]\n", name)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	return fs
+}
+
+// printFlags is flag.PrintDefaults with every flag's default shown, the
+// empty and false ones included: an operator reading -h sees what each flag
+// does when left out.
+func printFlags(fs *flag.FlagSet) {
+	w := fs.Output()
+	fs.VisitAll(func(f *flag.Flag) {
+		kind, usage := flag.UnquoteUsage(f)
+		fmt.Fprintf(w, "  -%s", f.Name)
+		if kind != "" {
+			fmt.Fprintf(w, " %s", kind)
+		}
+		fmt.Fprintf(w, "\n    \t%s %s\n", strings.ReplaceAll(usage, "\n", "\n    \t"), defaultText(f.DefValue))
+	})
+}
+
+// defaultText says what a flag is when left out.
+func defaultText(def string) string {
+	if def == "" {
+		return "(default: none)"
+	}
+	return "(default " + def + ")"
 }
 
 // parseFlags parses args and wraps failures as usage errors.

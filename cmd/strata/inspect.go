@@ -16,7 +16,7 @@ import (
 )
 
 func runInspect(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("inspect", stderr)
+	fs := newFlagSet("inspect", stdout)
 	socket := fs.String("socket", "/run/strata/strata.sock", "the node service's socket")
 	asJSON := fs.Bool("json", false, "print the service's stats document as JSON")
 	timeout := fs.Duration("timeout", 5*time.Second, "give up after this long")

@@ -10,16 +10,16 @@ import (
 )
 
 func runKeys(_ context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("keys", stderr)
+	fs := newFlagSet("keys", stdout)
 	pageSize := fs.Int("page-size", 64, "tokens per page (must match the engine's page size)")
 	bigram := fs.Bool("bigram", false, "EAGLE bigram keys: position i is the pair (t[i], t[i+1])")
 	extraKey := fs.String("extra-key", "", "namespace: SGLang extra key (LoRA adapter, multimodal hash); set even when empty")
 	cacheSalt := fs.String("cache-salt", "", "namespace: per-tenant cache salt; set even when empty")
 	algo := fs.String("algo", "sha256", "hash chain: sha256 (SGLang-compatible) or xxh3")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: strata keys [flags] < tokens")
-		fmt.Fprintln(stderr, "Reads token ids (a JSON array or whitespace-separated integers) from stdin and prints one page key per line.")
-		fs.PrintDefaults()
+		fmt.Fprintln(fs.Output(), "usage: strata keys [flags] < tokens")
+		fmt.Fprintln(fs.Output(), "Reads token ids (a JSON array or whitespace-separated integers) from stdin and prints one page key per line.")
+		printFlags(fs)
 	}
 	if err := parseFlags(fs, args); err != nil {
 		return err

@@ -422,10 +422,7 @@ func (s *serveSettings) flags(fs *flag.FlagSet) func() map[string]string {
 			if st, ok := s.settings[f.Name]; ok {
 				kind = st.kind
 			}
-			fmt.Fprintf(w, "  --%s %s\n    \t%s", f.Name, kind, f.Usage)
-			if f.DefValue != "" {
-				fmt.Fprintf(w, " (default %s)", f.DefValue)
-			}
+			fmt.Fprintf(w, "  --%s %s\n    \t%s %s", f.Name, kind, f.Usage, defaultText(f.DefValue))
 			if f.Name != "config" {
 				fmt.Fprintf(w, " (env %s)", envName(f.Name))
 			}
@@ -442,7 +439,7 @@ func (s *serveSettings) flags(fs *flag.FlagSet) func() map[string]string {
 }
 
 func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("serve", stderr)
+	fs := newFlagSet("serve", stdout)
 	s := newServeSettings()
 	given := s.flags(fs)
 	if err := parseFlags(fs, args); err != nil {

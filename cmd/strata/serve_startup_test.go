@@ -217,7 +217,7 @@ func TestServeConfigFileRefusals(t *testing.T) {
 
 // serve -h shows each flag's type and default.
 func TestServeHelpShowsTypesAndDefaults(t *testing.T) {
-	code, _, errs := runCLI(t, "", "serve", "-h")
+	code, errs, _ := runCLI(t, "", "serve", "-h")
 	if code != 0 {
 		t.Fatalf("exit %d", code)
 	}

@@ -19,7 +19,7 @@ import (
 // once).
 func runTiers(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	def := storagebench.DefaultConfig()
-	fs := newFlagSet("bench tiers", stderr)
+	fs := newFlagSet("bench tiers", stdout)
 	backend := fs.String("backend", def.Backend, "L3 backend to measure: "+strings.Join(storagebench.Backends(), ", "))
 	socket := fs.String("socket", "", "node backend: socket of a running node service to measure (default: start one in the process, sized for the run)")
 	noRedis := fs.Bool("no-redis", false, "node backend: do not measure a redis-server on loopback beside it")

@@ -96,9 +96,9 @@ func TestBenchTiersBadFlagsExitTwo(t *testing.T) {
 			t.Errorf("bench tiers %v: exit %d, stdout %q, stderr %q (want 2 and one line naming %q)", c.args, code, out, errs, c.msg)
 		}
 	}
-	if code, _, errs := runCLI(t, "", "bench", "tiers", "-h"); code != 0 || !strings.Contains(errs, "pages-per-batch") ||
-		!strings.Contains(errs, "no-redis") || !strings.Contains(errs, "socket string") {
-		t.Errorf("bench tiers -h: exit %d, stderr %q", code, errs)
+	if code, help, _ := runCLI(t, "", "bench", "tiers", "-h"); code != 0 || !strings.Contains(help, "pages-per-batch") ||
+		!strings.Contains(help, "no-redis") || !strings.Contains(help, "socket string") {
+		t.Errorf("bench tiers -h: exit %d, stdout %q", code, help)
 	}
 }
 

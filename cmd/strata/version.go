@@ -12,7 +12,7 @@ import (
 var version = ""
 
 func runVersion(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("version", stderr)
+	fs := newFlagSet("version", stdout)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
