@@ -40,7 +40,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from . import batch, wire
-from .client import Client, SegmentRefused, Timeout, Unavailable
+from .client import Client, NotRegistered, SegmentRefused, Timeout, Unavailable
 
 logger = logging.getLogger("strata_sglang")
 
@@ -399,8 +399,9 @@ class StrataStorage(HiCacheStorage):
     # ------------------------------------------------------------ zero copy
 
     def _exists(self, pool: Optional[_Pool], keys: List[str]) -> int:
-        """How many leading keys have every part stored in the pool's format."""
-        if pool is None or pool.disabled or not keys:
+        """How many leading keys have every part stored in the pool's format,
+        and can be loaded into the pool."""
+        if pool is None or pool.disabled or not keys or not self._loadable(pool):
             return 0
         with self._lock:
             self._stats["exists_calls"] += 1
@@ -419,6 +420,17 @@ class StrataStorage(HiCacheStorage):
             if got < len(chunk):
                 break
         return hit
+
+    def _loadable(self, pool: _Pool) -> bool:
+        """Whether the pool's segments are registered on the live connection: a
+        pool whose segment the service refused (or that is being registered
+        again) has no L3, and a hit would send SGLang to load pages that its
+        gets then fail. Unavailable when not connected."""
+        try:
+            self.client.resolve([s for _, _, s in pool.segs])
+        except (NotRegistered, SegmentRefused):
+            return False
+        return True
 
     def _plan(self, op: int, j: int, pool: Optional[_Pool], keys: List[str], host_indices):
         """The pages of one job that can go in a request, planned (see
