@@ -83,6 +83,13 @@ def _left(deadline: float) -> float:
     return deadline - time.monotonic()
 
 
+def _said(err) -> str:
+    """What err says, for a log line: a record that held the exception would
+    keep the frames it passed through, and the memory they name, alive for as
+    long as a handler keeps the record."""
+    return (str(err) or type(err).__name__) if err is not None else "no reason given"
+
+
 class _PeerGone(Unavailable):
     """The service ended the connection: an end of stream, or a reset."""
 
@@ -530,7 +537,9 @@ class Connection:
             if self.closed:
                 return
             self.closed = True
-            self.error = err
+            # Not its traceback: the frames it passed through (a request's
+            # body, the pools of its caller) stay alive with the connection.
+            self.error = err.with_traceback(None) if err is not None else None
             pending = list(self._pending.values())
             self._pending.clear()
         try:
@@ -628,7 +637,7 @@ class Client:
         # the service answers again (a new connection, or an answer after timeouts).
         self._outage = False
         self._failed_attempts = 0  # since the last connection
-        self._last_error: Optional[BaseException] = None
+        self._last_error = ""  # what the last failed attempt said
         # Connection attempts begun and ended: a registration waits for the one
         # in progress. The first is begun here, before its thread runs.
         self._started, self._settled = 1, 0
@@ -835,7 +844,7 @@ class Client:
     def _attempt_failed(self, err):
         with self._lock:
             self._failed_attempts += 1
-            self._last_error = err
+            self._last_error = _said(err)
         self._down(err)
 
     def _down(self, err):
@@ -845,7 +854,7 @@ class Client:
             "strata: the node service at %s is not reachable (%s); L3 reads are misses and writes fail "
             "until it is back. Reconnecting in the background. Start it with: strata serve --socket %s",
             self.socket_path,
-            err,
+            _said(err),
             self.socket_path,
         )
 
@@ -866,7 +875,7 @@ class Client:
             "writes fail, each call costing at most its deadline of %g s; after %d timeouts in a row the "
             "plugin reconnects. Further failures of this outage are not logged",
             self.socket_path,
-            err,
+            _said(err),
             self.timeout,
             MAX_TIMEOUTS,
         )

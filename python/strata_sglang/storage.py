@@ -313,7 +313,7 @@ class StrataStorage(HiCacheStorage):
             "are logged at debug level",
             op,
             type(e).__name__,
-            e,
+            str(e),
         )
         logger.debug("strata: %s failed", op, exc_info=True)
 
@@ -364,6 +364,11 @@ class StrataStorage(HiCacheStorage):
                 gone = {id(s): s for _, _, s in old.segs if id(s) not in live}
                 for s in gone.values():
                     self.client.remove_segment(s)
+                # SGLang's base class keeps the pool register_mem_pool_host was
+                # given: a KV pool replaced by name replaces it too, or the
+                # memory of the first pool would live as long as the plugin.
+                if getattr(self, "mem_pool_host", None) is old.host:
+                    self.mem_pool_host = host
         segs = [s for _, _, s in p.segs]
         if segs:
             self.client.ensure_registered(segs, self.timeout)

@@ -329,3 +329,34 @@ def test_a_pool_whose_segment_was_refused_reports_no_hits(
         assert b.batch_get_v2(t)[PoolName.DRAFT] == ([True] * 3 if refused == "kv" else [False] * 3)
     finally:
         s.stop()
+
+
+def test_a_replaced_pool_is_freed_after_an_outage_was_logged(sglang, serve, backends, caplog):
+    """A pool SGLang replaced at run time must go with its memory: neither
+    SGLang's base class (which keeps the pool register_mem_pool_host was
+    given) nor a log record of an outage (an exception would keep the frames
+    it passed through, the pools of the failed call among them) may keep it."""
+    import weakref
+
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+
+    b = backends(serve.socket, timeout_s=0.3)
+    first = harness.host_pool("mha", "page_first")
+    b.register_mem_pool_host(first)
+    b.register_mem_host_pool_v2(first, PoolName.KV)
+    assert b.client.wait_connected(10)
+    keys = harness.keys(2, "freed")
+    serve.pause()
+    try:
+        with caplog.at_level(logging.WARNING, logger="strata_sglang"):
+            assert b.batch_get_v1(keys, harness.indices(first, [1, 2])) == [False, False]
+    finally:
+        serve.resume()
+    assert warnings_of(caplog), "the outage was not logged"
+    gone = weakref.ref(first)
+    del first
+    second = harness.host_pool("mha", "page_first")
+    b.register_mem_host_pool_v2(second, PoolName.KV)
+    gc.collect()
+    assert gone() is None, "the pool SGLang replaced is still alive, and its memory with it"
+    assert wait_for(lambda: b.batch_set_v1(keys, harness.indices(second, [1, 2])) == [True] * 2, 20)
