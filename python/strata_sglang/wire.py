@@ -394,18 +394,19 @@ def encode_frame(req_id: int, msg, body: Optional[bytes] = None) -> bytes:
     itself); it is not validated again. For a Put or Get it is the items only:
     msg's deadline and fence slot (validated) go before them.
     """
+    head = b""
     if body is None:
         validate(msg)
         body = encode_body(msg)
     elif msg.TYPE in (PUT, GET) and (msg.deadline_ns or msg.fence_slot):
         _valid_window(msg)
-        body = b"".join((encode_window(msg.deadline_ns, msg.fence_slot), body))
-    if len(body) > MAX_BODY:
+        head = encode_window(msg.deadline_ns, msg.fence_slot)
+    n = len(head) + len(body)
+    if n > MAX_BODY:
         raise Malformed(
-            f"encode {TYPE_NAMES[msg.TYPE]}: body of {len(body)} bytes, "
-            f"at most {MAX_BODY}; split the batch"
+            f"encode {TYPE_NAMES[msg.TYPE]}: body of {n} bytes, at most {MAX_BODY}; split the batch"
         )
-    return _HEADER.pack(MAGIC, VERSION, msg.TYPE, req_id & _U64, len(body)) + body
+    return b"".join((_HEADER.pack(MAGIC, VERSION, msg.TYPE, req_id & _U64, n), head, body))
 
 
 # ---------------------------------------------------------------- decoding
