@@ -1,7 +1,9 @@
 // Package python_test runs the strata_sglang plugin's pytest suite from `go test`,
 // so that the README's one test command (go test -race ./...) covers the Go code
 // and the Python plugin alike. The suite itself (python/tests) tests the plugin
-// against SGLang's own classes and a real strata serve.
+// against SGLang's own classes and a real strata serve. Its chaos test
+// (python/tests/test_chaos.py) runs a few seconds by default; STRATA_CHAOS=60s
+// runs it for the full minute (and STRATA_CHAOS_SEED=N repeats a run).
 package python_test
 
 import (

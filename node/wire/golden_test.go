@@ -52,7 +52,9 @@ func goldenCases() []goldenCase {
 		{"hello", 1, &Hello{Version: Version, ClientName: "sglang-tp0-ü", PID: 4242}},
 		{"hello_negative_pid", 2, &Hello{Version: Version, ClientName: "x", PID: -7}},
 		{"hello_reply", 1, &HelloReply{ClientID: 1 << 40, ServerVersion: "strata v1.2.3", MaxBatch: MaxItems}},
+		{"hello_reply_clock", 1, &HelloReply{ClientID: 3, ServerVersion: "strata v1.3.0", MaxBatch: MaxItems, ClockNS: 1<<63 + 12345}},
 		{"register_segment", 3, &RegisterSegment{Size: 3<<30 + 4096, Name: "kv"}},
+		{"register_fence", 2, &RegisterSegment{Size: FenceBytes, Name: "fence", Fence: true}},
 		{"register_segment_reply", 3, &RegisterSegmentReply{SegmentID: 4294967295}},
 		{"unregister_segment", 4, &UnregisterSegment{SegmentID: 2}},
 		{"exists", 5, &Exists{Keys: []string{key, "a", strings.Repeat("z", MaxKey)}, Format: 0xfedcba9876543210}},
@@ -66,6 +68,14 @@ func goldenCases() []goldenCase {
 		{"get_layer_first_mla", 9, &Get{Items: []Item{
 			{Key: "deepseek-ai_2fDeepSeek-V3:abc__k", Format: ^uint64(0), Ranges: ranges(61, 2, 4096, 1<<24, 36864)},
 		}}},
+		{"put_deadline", 17, &Put{DeadlineNS: 987654321012345, Items: []Item{
+			{Key: key, Format: 1, Ranges: []Range{{Segment: 1, Offset: 4096, Length: 65536}}},
+		}}},
+		{"get_deadline_fence", 18, &Get{DeadlineNS: ^uint64(0), FenceSlot: FenceSlots, Items: []Item{
+			{Key: key, Format: 2, Ranges: ranges(3, 4, 0, 8192, 4096)},
+			{Key: strings.Replace(key, "_k", "_v", 1), Format: 2, Ranges: ranges(1, 5, 1<<30, 0, 4096)},
+		}}},
+		{"get_fence_slot_only", 19, &Get{FenceSlot: 1, Items: []Item{{Key: "k", Format: 3, Ranges: ranges(1, 1, 0, 0, 1)}}}},
 		{"get_max_ranges", 10, &Get{Items: []Item{{Key: "k", Format: 3, Ranges: ranges(MaxRanges, 7, 0, 128, 64)}}}},
 		{"batch_reply", 9, &BatchReply{Results: []Result{
 			{Status: OK}, {Status: NotFound}, {Status: BadRange, Message: "segment 2 \"kv\" faulted — re-register"},
@@ -109,9 +119,9 @@ func goldenJSON(m Message) map[string]any {
 	case *Hello:
 		return map[string]any{"version": m.Version, "client_name": m.ClientName, "pid": m.PID}
 	case *HelloReply:
-		return map[string]any{"client_id": m.ClientID, "server_version": m.ServerVersion, "max_batch": m.MaxBatch}
+		return map[string]any{"client_id": m.ClientID, "server_version": m.ServerVersion, "max_batch": m.MaxBatch, "clock_ns": m.ClockNS}
 	case *RegisterSegment:
-		return map[string]any{"size": m.Size, "name": m.Name}
+		return map[string]any{"size": m.Size, "name": m.Name, "fence": m.Fence}
 	case *RegisterSegmentReply:
 		return map[string]any{"segment_id": m.SegmentID}
 	case *UnregisterSegment:
@@ -121,9 +131,9 @@ func goldenJSON(m Message) map[string]any {
 	case *ExistsReply:
 		return map[string]any{"present": m.Present}
 	case *Put:
-		return map[string]any{"items": items(m.Items)}
+		return map[string]any{"items": items(m.Items), "deadline_ns": m.DeadlineNS, "fence_slot": m.FenceSlot}
 	case *Get:
-		return map[string]any{"items": items(m.Items)}
+		return map[string]any{"items": items(m.Items), "deadline_ns": m.DeadlineNS, "fence_slot": m.FenceSlot}
 	case *BatchReply:
 		rs := []map[string]any{}
 		for _, r := range m.Results {
@@ -199,6 +209,10 @@ func malformedCases() map[string][]byte {
 		"fixed64_truncated":          frame(TypePong, field(1, protowire.Fixed64Type, 1, 2, 3)),
 		"removed_over_batch":         frame(TypeRemoveReply, varint(1, MaxItems+1)),
 		"stats_json_wrong_wire_type": frame(TypeStatsReply, varint(1, 1)),
+		"clock_wrong_wire_type":      frame(TypeHelloReply, str(4, []byte{1})),
+		"fence_not_a_bool":           frame(TypeRegisterSegment, append(varint(1, FenceBytes), varint(3, 2)...)),
+		"fence_slot_over_limit":      frame(TypeGet, varint(3, FenceSlots+1)),
+		"deadline_wrong_wire_type":   frame(TypePut, field(2, protowire.Fixed64Type, 1, 2, 3, 4, 5, 6, 7, 8)),
 	}
 }
 

@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -95,6 +94,7 @@ def main():
     import harness
     from strata_sglang import wire
     from strata_sglang.storage import StrataStorage
+    from strata_sglang.client import Connection, StrataError
     import sglang.srt.mem_cache.pool_host.base as host_base
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
@@ -129,15 +129,18 @@ def main():
     )
     go = b = None
     try:
-        for _ in range(6000):  # the arena is prefaulted at start: seconds per GiB
-            s = socket.socket(socket.AF_UNIX)
+        # The arena is prefaulted at start, seconds per GiB: the socket accepts
+        # before the service answers. Wait for a Hello answered, so that
+        # neither client starts with a connection that timed out.
+        up = time.monotonic() + 120
+        while True:
             try:
-                s.connect(sock)
+                Connection(sock, 10.0, "bench-wait").close()
                 break
-            except OSError:
-                time.sleep(0.02)
-            finally:
-                s.close()
+            except (OSError, StrataError):
+                if time.monotonic() > up:
+                    raise RuntimeError("strata serve did not answer a Hello within 120 s") from None
+                time.sleep(0.05)
         go = GoBaseline(baseline, sock, pages)
         b = StrataStorage(harness.storage_config(sock, model="bench/llama-3-8b"), {})
         b.register_mem_pool_host(host)
@@ -246,13 +249,15 @@ def main():
                     {"rounds": rounds, "start_load": start_load, "end_load": load()}, f, indent=1
                 )
     finally:
-        if b is not None:
-            b.close()
-        if go is not None:
-            go.close()
-        os.killpg(srv.pid, signal.SIGTERM)
-        srv.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            if b is not None:
+                b.close()
+            if go is not None:
+                go.close()
+        finally:
+            os.killpg(srv.pid, signal.SIGTERM)
+            srv.wait()
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,10 @@ over the whole batch:
   with a mask of the bytes that exist, flattened into the request body.
 
 The result is byte for byte what ``wire.encode_item`` makes of the same items
-(tests/test_batch.py checks it).
+(tests/test_batch.py checks it). It is a request's items only: the connection
+that sends it writes the call's deadline and fence slot before them
+(``wire.encode_frame``), as the Go codec does, so a request is cut to leave
+room for them (``split``).
 """
 
 from __future__ import annotations
@@ -300,9 +303,14 @@ def encode(
     return bytes(out), 1 + hn[:, 0] + item_len
 
 
-def split(sizes: List[int], max_items: int = wire.MAX_ITEMS, max_body: int = wire.MAX_BODY):
+def split(
+    sizes: List[int],
+    max_items: int = wire.MAX_ITEMS,
+    max_body: int = wire.MAX_BODY - wire.MAX_WINDOW,
+):
     """Cut items of the given encoded sizes into requests of at most max_items
-    items and max_body bytes: [(first item, end item, first byte, end byte)]."""
+    items and max_body bytes: [(first item, end item, first byte, end byte)].
+    The default leaves room in a frame for the deadline and fence slot."""
     cum = [0]
     for s in sizes:
         cum.append(cum[-1] + s)

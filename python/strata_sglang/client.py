@@ -7,12 +7,15 @@ backoff and registers every segment again, as ``storage/nodeclient`` does in Go.
 While the service is unreachable, calls fail at once with :class:`Unavailable`;
 the caller turns that into misses. A connection on which MAX_TIMEOUTS calls in a
 row got no answer is dropped and made again: a hung service costs each call its
-deadline only until then.
+deadline only until then. A Put or Get that gave up returns only once the
+service can no longer touch the memory it named (fence.py): SGLang reuses that
+memory at once.
 """
 
 from __future__ import annotations
 
 import array
+import dataclasses
 import logging
 import os
 import socket
@@ -22,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from . import wire
+from .fence import Fence
 
 logger = logging.getLogger("strata_sglang")
 
@@ -79,13 +83,44 @@ def _left(deadline: float) -> float:
     return deadline - time.monotonic()
 
 
+def _said(err) -> str:
+    """What err says, for a log line: a record that held the exception would
+    keep the frames it passed through, and the memory they name, alive for as
+    long as a handler keeps the record."""
+    return (str(err) or type(err).__name__) if err is not None else "no reason given"
+
+
+class _PeerGone(Unavailable):
+    """The service ended the connection: an end of stream, or a reset."""
+
+
+class _Torn(Exception):
+    """The client tore the connection down itself, with no call left on it."""
+
+
 class Connection:
     """One session with the service: Hello done, replies dispatched by id.
 
     Every call ends by its deadline: connecting and the Hello together within
     timeout, each call within the timeout it is given, however slowly the peer
     sends or however much it announces (a frame body over wire.MAX_BODY is
-    refused at its header, and the connection closed).
+    refused at its header, and the connection closed). The one exception is a
+    Get whose deadline passed while the service was copying into its pages: it
+    returns once that copy has ended or the service has gone (fence.py), so
+    that nothing writes SGLang's memory after the call returned.
+
+    Every Put and Get carries its deadline in the service's clock (HelloReply
+    .clock_ns, taken as read when the reply arrived, so that a converted
+    deadline is never late), and a Get a slot of the connection's fence page. A
+    call that ends without its reply (its deadline, the connection lost) returns
+    only once the service can touch its memory no more: its deadline has passed
+    and, for a Get, the slot's counter reads 0; or the service has closed the
+    connection, which it does only after every request of it ended.
+
+    close() stops new calls and shuts the sending side only: the service then
+    ends the session once its requests have, and the reader, reading on, sees
+    it do so. The socket and the fence page are released once no call is left
+    on the connection.
     """
 
     def __init__(self, path: str, timeout: float, client_name: str):
@@ -111,12 +146,26 @@ class Connection:
         self._next_id = 0
         self._timeouts = 0  # calls in a row that timed out
         self.closed = False
-        self.dead = threading.Event()
+        self.dead = threading.Event()  # closed: no new calls
+        self.peer_closed = threading.Event()  # the service ended the connection
         self.error: Optional[BaseException] = None
         self.orphans: List[int] = []  # segment ids registered after their caller gave up
         self.on_recover = None  # on_recover(conn): a call was answered after timeouts
+        # Deadlines (fence.py): the service keeps them when its Hello says its
+        # clock; clock_off is its clock minus ours, erring early.
+        self.deadlines = False
+        self.clock_off = 0
+        self.rtt = 0.0  # the Hello's round trip: how early converted deadlines may be
+        self.fence: Optional[Fence] = None
+        self.fence_error = ""  # why the service refused the fence page
+        self._inflight = 0  # calls on the connection that have not returned
+        self._torn = False  # the client ends the reader: no call is left
+        self._reader_done = False
+        self._released = False
+        self._stall_logged = False
         # Hello before the reader starts: a plain round trip, by the deadline.
         try:
+            sent = time.monotonic_ns()
             self._send(
                 1,
                 wire.Hello(wire.VERSION, client_name[: wire.MAX_NAME], os.getpid()),
@@ -128,30 +177,74 @@ class Connection:
                 raise Timeout(
                     f"the node service at {path} did not answer Hello within {timeout:g} s"
                 ) from None
+            got = time.monotonic_ns()
             if isinstance(msg, wire.Error):
                 raise Refused(msg.code, msg.message)
             if not isinstance(msg, wire.HelloReply) or h.id != 1:
                 raise wire.Malformed(f"answered Hello with {type(msg).__name__}")
+            self.rtt = (got - sent) / 1e9
+            if msg.clock_ns:
+                # The service read its clock before the reply arrived: as read
+                # at `got`, the offset is early by at most the round trip.
+                self.deadlines = True
+                self.clock_off = msg.clock_ns - got
+                self._register_fence(path, deadline, timeout)
             sock.settimeout(timeout)  # what the reader polls with, and a send's ceiling
         except socket.timeout:
-            sock.close()
+            self._close_now()
             raise Timeout(
                 f"sending Hello to the node service at {path} took over {timeout:g} s"
             ) from None
         except BaseException:
-            sock.close()
+            self._close_now()
             raise
         self.hello = msg
-        self._next_id = 1
+        self._next_id = 2
         self._reader = threading.Thread(target=self._read_loop, name="strata-reader", daemon=True)
         self._reader.start()
+
+    def _register_fence(self, path: str, deadline: float, timeout: float):
+        """Register the connection's fence page (request id 2); before the reader."""
+        f = Fence()
+        self.fence = f
+        self._send(
+            2,
+            wire.RegisterSegment(wire.FENCE_BYTES, "fence", fence=True),
+            fds=[f.fd],
+            deadline=deadline,
+        )
+        f.close_fd()  # the service has its own now
+        try:
+            h, msg = self._read_frame(deadline)
+        except Timeout:
+            raise Timeout(
+                f"the node service at {path} did not answer the fence page's registration within {timeout:g} s"
+            ) from None
+        if isinstance(msg, wire.Malformed) or h.id != 2:
+            raise wire.Malformed(f"answered the fence page's registration with {msg!r}")
+        if isinstance(msg, wire.Error) or not getattr(msg, "segment_id", 0):
+            self.fence_error = (
+                str(Refused(msg.code, msg.message))
+                if isinstance(msg, wire.Error)
+                else f"answered {type(msg).__name__} {msg}"
+            )
+            self.fence = None
+            f.close()
+
+    def _close_now(self):
+        """Close what the constructor made (no reader runs yet)."""
+        self._sock.close()
+        if self.fence is not None:
+            self.fence.close()
+            self.fence = None
 
     # -- sending
 
     def _send(self, req_id: int, msg, fds=(), body: Optional[bytes] = None, *, deadline: float):
         """Send one frame by deadline. Timeout when the send lock is not ours in
-        time (nothing sent); socket.timeout (an OSError) when the peer stopped
-        reading mid-frame: the stream is lost."""
+        time (nothing sent); an OSError (socket.timeout among them) when the
+        frame could not all be sent: the stream is lost, and the service never
+        has the request."""
         frame = wire.encode_frame(req_id, msg, body)
         if not self._send_lock.acquire(timeout=max(_left(deadline), 0.0)):
             raise Timeout("another request held the connection past this one's deadline")
@@ -173,20 +266,47 @@ class Connection:
             self._send_lock.release()
 
     def call(self, msg, timeout: float, fds=(), body: Optional[bytes] = None):
-        """Send msg and wait for its reply; returns or raises within timeout seconds.
+        """Send msg and wait for its reply; returns or raises within timeout seconds
+        (a Get the service is copying into past its deadline: when the copy ends).
 
         Raises Unavailable (the connection is gone), Timeout, Refused (an Error
         reply) or wire.Malformed (a reply that breaks the protocol). After
         MAX_TIMEOUTS timeouts in a row the connection is closed.
         """
-        deadline = time.monotonic() + timeout
-        slot = _Slot()
+        deadline_ns = time.monotonic_ns() + int(timeout * 1e9)
+        with self._lock:
+            if self.closed:
+                raise Unavailable("node service connection closed")
+            self._inflight += 1
+        slot = 0
+        try:
+            typ = msg.TYPE
+            fenced = self.deadlines and typ in (wire.PUT, wire.GET)
+            if fenced:
+                if typ == wire.GET and self.fence is not None:
+                    slot = self.fence.take(deadline_ns / 1e9)
+                    if not slot:
+                        raise Timeout(
+                            f"all {wire.FENCE_SLOTS} fence slots of the connection stayed busy for {timeout:g} s"
+                        )
+                msg = dataclasses.replace(
+                    msg, deadline_ns=max(deadline_ns + self.clock_off, 1), fence_slot=slot
+                )
+            return self._exchange(msg, typ, fenced, slot, timeout, deadline_ns, fds, body)
+        finally:
+            if slot:
+                self.fence.give(slot)
+            self._leave()
+
+    def _exchange(self, msg, typ, fenced, slot, timeout, deadline_ns, fds, body):
+        deadline = deadline_ns / 1e9
+        waiter = _Slot()
         with self._lock:
             if self.closed:
                 raise Unavailable("node service connection closed")
             self._next_id += 1
             req_id = self._next_id
-            self._pending[req_id] = (msg.TYPE, slot)
+            self._pending[req_id] = (typ, waiter)
         try:
             self._send(req_id, msg, fds, body, deadline=deadline)
         except wire.Malformed:
@@ -197,7 +317,8 @@ class Connection:
             self._timed_out()
             raise
         except OSError as e:
-            # Part of a frame may be on the socket: the stream is lost.
+            # Part of a frame may be on the socket: the stream is lost. The
+            # service never has the request (it lacks the frame's end).
             self._forget(req_id)
             self.close(e)
             if isinstance(e, socket.timeout):
@@ -205,20 +326,77 @@ class Connection:
                     f"the node service did not take a request within {timeout:g} s"
                 ) from None
             raise Unavailable(f"send to the node service: {e}") from None
-        if not slot.event.wait(max(_left(deadline), 0.0)):
+        if not waiter.event.wait(max(_left(deadline), 0.0)):
             with self._lock:
                 gone = self._pending.pop(req_id, None) is not None
-                if gone and msg.TYPE == wire.REGISTER_SEGMENT:
+                if gone and typ == wire.REGISTER_SEGMENT:
                     self._late_register.add(req_id)
-            if gone or not slot.event.wait(1.0):  # else the reader is handing it over now
+            if gone or not waiter.event.wait(1.0):  # else the reader is handing it over now
                 self._timed_out()
+                if fenced:
+                    self._settle(typ, deadline_ns, slot)
                 raise Timeout(f"no reply from the node service within {timeout:g} s")
-        if isinstance(slot.err, Unavailable):
-            raise slot.err
+        if isinstance(waiter.err, Unavailable):
+            if fenced:
+                self._settle(typ, deadline_ns, slot)
+            raise waiter.err
         self._answered()
-        if slot.err is not None:
-            raise slot.err
-        return slot.msg
+        if waiter.err is not None:
+            raise waiter.err
+        return waiter.msg
+
+    def _settle(self, typ: int, deadline_ns: int, slot: int):
+        """Return once the service copies nothing more for a Put or Get this call
+        sent and got no reply to: its deadline has passed (in our clock, so in
+        the service's) and, for a Get, the slot's counter reads 0; or the
+        service closed the connection. Bounded by the counter and the
+        connection only: a service stopped in the middle of a copy into the
+        call's pages keeps it until the copy ends or the service dies."""
+        if typ == wire.GET and self.fence is None:
+            # No fence page: only the connection's end tells that no copy runs.
+            self.close(
+                StrataError(
+                    "a get timed out on a connection without a fence page: the plugin dropped the connection, "
+                    "whose end tells when the service copies nothing more"
+                )
+            )
+        t0 = time.monotonic()
+        pause = 20e-6
+        logged = False
+        try:
+            while not self.peer_closed.is_set():
+                now = time.monotonic_ns()
+                if now < deadline_ns:
+                    self.peer_closed.wait((deadline_ns - now) / 1e9)
+                    continue
+                if typ == wire.PUT or (self.fence is not None and self.fence.count(slot) == 0):
+                    return
+                self.peer_closed.wait(pause)
+                pause = min(pause * 2, 0.01)
+                if not logged and time.monotonic() - t0 > 1.0:
+                    logged = self._stalled()
+        finally:
+            if logged:
+                with self._lock:
+                    self._stall_logged = False
+                logger.warning(
+                    "strata: the node service's stalled copy ended (or the service went) after %.1f s; "
+                    "the get returned",
+                    time.monotonic() - t0,
+                )
+
+    def _stalled(self) -> bool:
+        with self._lock:
+            if self._stall_logged:
+                return False
+            self._stall_logged = True
+        logger.warning(
+            "strata: a get past its deadline waits for the node service to finish copying into SGLang's "
+            "host memory: the service stalled in the middle of that copy (stopped, swapped out or "
+            "overloaded). The call returns when the copy ends or the service goes, so that those pages "
+            "are never written after SGLang reuses them"
+        )
+        return True
 
     def _forget(self, req_id: int):
         with self._lock:
@@ -244,6 +422,11 @@ class Connection:
             if hook is not None:
                 hook(self)
 
+    def _leave(self):
+        with self._lock:
+            self._inflight -= 1
+        self._release()
+
     # -- receiving
 
     def _recv_exact(self, n: int, deadline: Optional[float]) -> bytes:
@@ -252,8 +435,8 @@ class Connection:
         view = memoryview(buf)
         got = 0
         while got < n:
-            if self.closed:
-                raise Unavailable("connection closed")
+            if self._torn:
+                raise _Torn()
             if deadline is not None:
                 # Before every recv, the time left: a peer that sends a byte just
                 # before each timeout must not stretch the wait.
@@ -265,8 +448,10 @@ class Connection:
                 k = self._sock.recv_into(view[got:])
             except socket.timeout:
                 continue  # the reader polls; a deadline is checked above
+            except ConnectionResetError:
+                raise _PeerGone("the node service reset the connection") from None
             if k == 0:
-                raise Unavailable("the node service closed the connection")
+                raise _PeerGone("the node service closed the connection")
             got += k
         return bytes(buf)
 
@@ -280,54 +465,124 @@ class Connection:
             return h, e  # the stream is in sync: fail this request only
 
     def _read_loop(self):
+        peer = False
         try:
-            while True:
-                h, msg = self._read_frame(None)
-                with self._lock:
-                    entry = self._pending.pop(h.id, None)
-                    late = entry is None and h.id in self._late_register
-                    if late:
-                        self._late_register.discard(h.id)
-                        if isinstance(msg, wire.RegisterSegmentReply) and msg.segment_id:
-                            # Registered after its caller gave up: the client
-                            # unregisters it, so it holds nothing in the service.
-                            self.orphans.append(msg.segment_id)
-                if entry is None:
-                    continue  # its caller gave up (deadline)
-                req_type, slot = entry
-                if isinstance(msg, wire.Malformed):
-                    slot.err = msg
-                elif isinstance(msg, wire.Error):
-                    slot.err = Refused(msg.code, msg.message)
-                elif msg.TYPE != wire.REPLY_OF.get(req_type):
-                    slot.err = wire.Malformed(
-                        f"the node service answered {wire.TYPE_NAMES[req_type]} with {wire.TYPE_NAMES[msg.TYPE]}"
-                    )
-                else:
-                    slot.msg = msg
-                slot.event.set()
-        except BaseException as e:  # noqa: BLE001 - the connection ends, callers are told
-            self.close(e)
+            try:
+                while True:
+                    h, msg = self._read_frame(None)
+                    self._dispatch(h, msg)
+            except BaseException as e:  # noqa: BLE001 - the connection ends, callers are told
+                peer = isinstance(e, _PeerGone) and not self._torn
+                self.close(None if isinstance(e, _Torn) else e)
+            if not peer:
+                peer = self._drain()
+        except BaseException:  # noqa: BLE001 - never end without releasing
+            logger.debug("strata: the connection's reader failed", exc_info=True)
+        finally:
+            if peer:
+                self.peer_closed.set()
+            with self._lock:
+                self._reader_done = True
+            self._release()
+
+    def _dispatch(self, h, msg):
+        with self._lock:
+            entry = self._pending.pop(h.id, None)
+            late = entry is None and h.id in self._late_register
+            if late:
+                self._late_register.discard(h.id)
+                if isinstance(msg, wire.RegisterSegmentReply) and msg.segment_id:
+                    # Registered after its caller gave up: the client
+                    # unregisters it, so it holds nothing in the service.
+                    self.orphans.append(msg.segment_id)
+        if entry is None:
+            return  # its caller gave up (deadline), or the connection is closed
+        req_type, slot = entry
+        if isinstance(msg, wire.Malformed):
+            slot.err = msg
+        elif isinstance(msg, wire.Error):
+            slot.err = Refused(msg.code, msg.message)
+        elif msg.TYPE != wire.REPLY_OF.get(req_type):
+            slot.err = wire.Malformed(
+                f"the node service answered {wire.TYPE_NAMES[req_type]} with {wire.TYPE_NAMES[msg.TYPE]}"
+            )
+        else:
+            slot.msg = msg
+        slot.event.set()
+
+    def _drain(self) -> bool:
+        """After the stream broke (or the client closed): read and drop bytes
+        until the service ends the connection (True) or the client tears it
+        down (False), so that a call that gave up still learns of the end."""
+        buf = bytearray(1 << 16)
+        while not self._torn:
+            try:
+                k = self._sock.recv_into(buf)
+            except socket.timeout:
+                continue
+            except ConnectionResetError:
+                return not self._torn
+            except OSError:
+                return False
+            if k == 0:
+                return not self._torn
+        return False
+
+    # -- closing
 
     def close(self, err: Optional[BaseException] = None):
+        """Stop new calls and fail those waiting for a reply; the socket is
+        released once no call is left on the connection."""
         with self._lock:
             if self.closed:
                 return
             self.closed = True
-            self.error = err
+            # Not its traceback: the frames it passed through (a request's
+            # body, the pools of its caller) stay alive with the connection.
+            self.error = err.with_traceback(None) if err is not None else None
             pending = list(self._pending.values())
             self._pending.clear()
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)
+            # The service sees the end of the stream, ends its requests, then
+            # closes: what a call that gave up waits for.
+            self._sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
-        self._sock.close()
         for _, slot in pending:
             slot.err = Unavailable(
                 f"node service connection lost ({err})" if err else "node service connection closed"
             )
             slot.event.set()
         self.dead.set()
+        self._release()
+
+    def _release(self):
+        """Once closed with no call left: end the reader, then close the socket
+        and unmap the fence page."""
+        with self._lock:
+            if not self.closed or self._inflight or self._released:
+                return
+            if not self._reader_done:
+                wake = not self._torn
+                self._torn = True
+            else:
+                wake = False
+                self._released = True
+        if wake:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # the reader's recv ends now
+            except OSError:
+                pass
+            return
+        if self._released and self._reader_done:
+            self._sock.close()
+            if self.fence is not None:
+                self.fence.close()
+
+    def wait_released(self, timeout: float) -> bool:
+        """Wait until the reader has ended (after close()); False on timeout."""
+        self._reader.join(timeout)
+        return not self._reader.is_alive()
 
 
 @dataclass(eq=False)
@@ -382,12 +637,13 @@ class Client:
         # the service answers again (a new connection, or an answer after timeouts).
         self._outage = False
         self._failed_attempts = 0  # since the last connection
-        self._last_error: Optional[BaseException] = None
+        self._last_error = ""  # what the last failed attempt said
         # Connection attempts begun and ended: a registration waits for the one
         # in progress. The first is begun here, before its thread runs.
         self._started, self._settled = 1, 0
         self.connects = 0
         self.epoch = 0
+        self._deadline_warned = set()  # what _note_deadlines warned about
         self._thread = threading.Thread(
             target=self._connector, name="strata-connector", daemon=True
         )
@@ -429,10 +685,11 @@ class Client:
         self._wake.clear()
         try:
             try:
-                conn = Connection(self.socket_path, self.timeout, self.client_name)
+                conn = self._connect()
             except BaseException as e:  # noqa: BLE001 - OSError, Timeout, Refused, Malformed
                 self._attempt_failed(e)
                 return None
+            self._note_deadlines(conn)
             conn.on_recover = self._recovered
             # Registered before the connection is published: no call ever sees
             # it with the pools missing that were known when it was made.
@@ -467,6 +724,53 @@ class Client:
             with self._cond:
                 self._settled = self._started
                 self._cond.notify_all()
+
+    def _connect(self) -> Connection:
+        """A connection whose Hello was quick enough to convert deadlines with.
+
+        The clock offset errs early by the Hello's round trip, and so does every
+        deadline on the connection: a Hello held by a stalled or starting
+        service would make each call's deadline that much early for the
+        connection's life. One slower than a tenth of the timeout is made again
+        (twice at most), keeping the quickest.
+        """
+        conn = Connection(self.socket_path, self.timeout, self.client_name)
+        for _ in range(2):
+            if not conn.deadlines or conn.rtt <= self.timeout / 10:
+                break
+            try:
+                again = Connection(self.socket_path, self.timeout, self.client_name)
+            except Exception:  # noqa: BLE001 - keep the one made
+                break
+            if again.rtt < conn.rtt:
+                conn, again = again, conn
+            again.close()
+        return conn
+
+    def _note_deadlines(self, conn: Connection):
+        """Warn once when conn cannot keep a call that gave up from touching memory."""
+        if not conn.deadlines:
+            what = "old"
+            msg = (
+                "strata: the node service at %s keeps no client deadlines (an older strata serve, %s): a call "
+                "that times out may still be copied into or out of SGLang's host memory afterwards; upgrade "
+                "strata serve"
+            )
+            arg = conn.hello.server_version or "no version"
+        elif conn.fence is None:
+            what = "fence"
+            msg = (
+                "strata: the node service at %s refused the connection's fence page (%s): a get that times out "
+                "drops the connection and returns once the service has closed it"
+            )
+            arg = conn.fence_error
+        else:
+            return
+        with self._lock:
+            if what in self._deadline_warned:
+                return
+            self._deadline_warned.add(what)
+        logger.warning(msg, self.socket_path, arg)
 
     def _announce(self, conn: Connection, again: bool, failed: int, last):
         with self._lock:
@@ -540,7 +844,7 @@ class Client:
     def _attempt_failed(self, err):
         with self._lock:
             self._failed_attempts += 1
-            self._last_error = err
+            self._last_error = _said(err)
         self._down(err)
 
     def _down(self, err):
@@ -550,7 +854,7 @@ class Client:
             "strata: the node service at %s is not reachable (%s); L3 reads are misses and writes fail "
             "until it is back. Reconnecting in the background. Start it with: strata serve --socket %s",
             self.socket_path,
-            err,
+            _said(err),
             self.socket_path,
         )
 
@@ -571,7 +875,7 @@ class Client:
             "writes fail, each call costing at most its deadline of %g s; after %d timeouts in a row the "
             "plugin reconnects. Further failures of this outage are not logged",
             self.socket_path,
-            err,
+            _said(err),
             self.timeout,
             MAX_TIMEOUTS,
         )
@@ -803,6 +1107,7 @@ class Client:
         self._wake.set()
         if conn is not None:
             conn.close()
+            conn.wait_released(1.0)  # its socket closes once no call is left on it
         self._thread.join(timeout=5)
         for s in segs:
             with s.lock:

@@ -68,6 +68,21 @@ def doctor(socket_path: str, timeout: float = 5.0, out=sys.stdout) -> int:
             f"{(time.monotonic() - t0) * 1e3:.1f} ms)",
             file=out,
         )
+        if not conn.deadlines:
+            return fail(
+                "the node service keeps no client deadlines (an older strata serve): a call that times out "
+                "may still be copied into or out of SGLang's host memory after SGLang reused it",
+                "upgrade strata serve to this plugin's release",
+            )
+        if conn.fence is None:
+            return fail(
+                f"the node service refused the connection's fence page: {conn.fence_error}",
+                "see strata serve's log; upgrade or restart it",
+            )
+        print(
+            "ok    a call that times out is never copied afterwards (deadlines, a fence page)",
+            file=out,
+        )
         # A host pool made the way SGLang's ShmHostTensorAllocator makes it.
         size = 1 << 20
         fd = os.memfd_create("sglang_host_pool_doctor", os.MFD_CLOEXEC)

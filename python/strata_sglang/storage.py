@@ -40,7 +40,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from . import batch, wire
-from .client import Client, SegmentRefused, Timeout, Unavailable
+from .client import Client, NotRegistered, SegmentRefused, Timeout, Unavailable
 
 logger = logging.getLogger("strata_sglang")
 
@@ -313,7 +313,7 @@ class StrataStorage(HiCacheStorage):
             "are logged at debug level",
             op,
             type(e).__name__,
-            e,
+            str(e),
         )
         logger.debug("strata: %s failed", op, exc_info=True)
 
@@ -364,6 +364,11 @@ class StrataStorage(HiCacheStorage):
                 gone = {id(s): s for _, _, s in old.segs if id(s) not in live}
                 for s in gone.values():
                     self.client.remove_segment(s)
+                # SGLang's base class keeps the pool register_mem_pool_host was
+                # given: a KV pool replaced by name replaces it too, or the
+                # memory of the first pool would live as long as the plugin.
+                if getattr(self, "mem_pool_host", None) is old.host:
+                    self.mem_pool_host = host
         segs = [s for _, _, s in p.segs]
         if segs:
             self.client.ensure_registered(segs, self.timeout)
@@ -399,8 +404,9 @@ class StrataStorage(HiCacheStorage):
     # ------------------------------------------------------------ zero copy
 
     def _exists(self, pool: Optional[_Pool], keys: List[str]) -> int:
-        """How many leading keys have every part stored in the pool's format."""
-        if pool is None or pool.disabled or not keys:
+        """How many leading keys have every part stored in the pool's format,
+        and can be loaded into the pool."""
+        if pool is None or pool.disabled or not keys or not self._loadable(pool):
             return 0
         with self._lock:
             self._stats["exists_calls"] += 1
@@ -419,6 +425,17 @@ class StrataStorage(HiCacheStorage):
             if got < len(chunk):
                 break
         return hit
+
+    def _loadable(self, pool: _Pool) -> bool:
+        """Whether the pool's segments are registered on the live connection: a
+        pool whose segment the service refused (or that is being registered
+        again) has no L3, and a hit would send SGLang to load pages that its
+        gets then fail. Unavailable when not connected."""
+        try:
+            self.client.resolve([s for _, _, s in pool.segs])
+        except (NotRegistered, SegmentRefused):
+            return False
+        return True
 
     def _plan(self, op: int, j: int, pool: Optional[_Pool], keys: List[str], host_indices):
         """The pages of one job that can go in a request, planned (see

@@ -26,6 +26,12 @@ MAX_RANGES = 256
 MAX_KEY = 512
 MAX_NAME = 256
 MAX_MESSAGE = 2048
+# The fence page (RegisterSegment.fence): FENCE_SLOTS little-endian uint32
+# counters; Put/Get.fence_slot s (1 to FENCE_SLOTS) is the one at 4*(s-1).
+FENCE_BYTES = 4096
+FENCE_SLOTS = FENCE_BYTES // 4
+# The most bytes a Put's or Get's deadline and fence slot add before its items.
+MAX_WINDOW = 1 + 10 + 1 + 2
 
 _HEADER = struct.Struct("<2sBBQI")
 _U64 = (1 << 64) - 1
@@ -122,6 +128,9 @@ class HelloReply:
     client_id: int = 0
     server_version: str = ""
     max_batch: int = 0
+    # The service's CLOCK_MONOTONIC (ns) when it answered: the clock of
+    # deadline_ns. 0 from a service that keeps no client deadlines.
+    clock_ns: int = 0
     TYPE = HELLO_REPLY
 
 
@@ -129,6 +138,8 @@ class HelloReply:
 class RegisterSegment:
     size: int = 0
     name: str = ""
+    # The memfd is the connection's fence page (FENCE_BYTES), not a host pool.
+    fence: bool = False
     TYPE = REGISTER_SEGMENT
 
 
@@ -174,12 +185,19 @@ class Item:
 @dataclass
 class Put:
     items: List[Item] = field(default_factory=list)
+    # When the client gives up, in the service's clock (HelloReply.clock_ns);
+    # 0: none. The service copies nothing for the request after it.
+    deadline_ns: int = 0
+    # The fence page's counter for the request (a Get's), 1 to FENCE_SLOTS; 0: none.
+    fence_slot: int = 0
     TYPE = PUT
 
 
 @dataclass
 class Get:
     items: List[Item] = field(default_factory=list)
+    deadline_ns: int = 0
+    fence_slot: int = 0
     TYPE = GET
 
 
@@ -305,6 +323,12 @@ def encode_item(it: Item) -> bytes:
     return b"".join(parts)
 
 
+def encode_window(deadline_ns: int, fence_slot: int) -> bytes:
+    """A Put's or Get's deadline and fence slot fields, which go before its
+    items (as the Go codec writes them, and where its fast decoder takes them)."""
+    return _f_varint(2, deadline_ns) + _f_varint(3, fence_slot)
+
+
 def _items(items: List[Item]) -> bytes:
     out = []
     for it in items:
@@ -325,9 +349,10 @@ def encode_body(msg) -> bytes:
             _f_varint(1, msg.client_id)
             + _f_str(2, msg.server_version)
             + _f_varint(3, msg.max_batch)
+            + _f_varint(4, msg.clock_ns)
         )
     if t == REGISTER_SEGMENT:
-        return _f_varint(1, msg.size) + _f_str(2, msg.name)
+        return _f_varint(1, msg.size) + _f_str(2, msg.name) + _f_varint(3, int(bool(msg.fence)))
     if t in (REGISTER_SEGMENT_REPLY, UNREGISTER_SEGMENT):
         return _f_varint(1, msg.segment_id)
     if t == EXISTS:
@@ -335,7 +360,7 @@ def encode_body(msg) -> bytes:
     if t == EXISTS_REPLY:
         return _f_varint(1, msg.present)
     if t in (PUT, GET):
-        return _items(msg.items)
+        return encode_window(msg.deadline_ns, msg.fence_slot) + _items(msg.items)
     if t == BATCH_REPLY:
         out = []
         for r in msg.results:
@@ -366,17 +391,22 @@ def encode_frame(req_id: int, msg, body: Optional[bytes] = None) -> bytes:
     """Validate msg and return its whole frame (header and body).
 
     body, when given, is msg's encoding already made (a hot path builds it
-    itself); it is not validated again.
+    itself); it is not validated again. For a Put or Get it is the items only:
+    msg's deadline and fence slot (validated) go before them.
     """
+    head = b""
     if body is None:
         validate(msg)
         body = encode_body(msg)
-    if len(body) > MAX_BODY:
+    elif msg.TYPE in (PUT, GET) and (msg.deadline_ns or msg.fence_slot):
+        _valid_window(msg)
+        head = encode_window(msg.deadline_ns, msg.fence_slot)
+    n = len(head) + len(body)
+    if n > MAX_BODY:
         raise Malformed(
-            f"encode {TYPE_NAMES[msg.TYPE]}: body of {len(body)} bytes, "
-            f"at most {MAX_BODY}; split the batch"
+            f"encode {TYPE_NAMES[msg.TYPE]}: body of {n} bytes, at most {MAX_BODY}; split the batch"
         )
-    return _HEADER.pack(MAGIC, VERSION, msg.TYPE, req_id & _U64, len(body)) + body
+    return b"".join((_HEADER.pack(MAGIC, VERSION, msg.TYPE, req_id & _U64, n), head, body))
 
 
 # ---------------------------------------------------------------- decoding
@@ -615,6 +645,9 @@ def _decode(typ: int, body):
                 m.server_version = _text("server version", wt, v, MAX_NAME)
             elif num == 3:
                 m.max_batch = _u32("max batch", wt, v)
+            elif num == 4:
+                _want("clock", wt, _VARINT)
+                m.clock_ns = v
         return m
     if typ == REGISTER_SEGMENT:
         m = RegisterSegment()
@@ -624,6 +657,11 @@ def _decode(typ: int, body):
                 m.size = v
             elif num == 2:
                 m.name = _text("name", wt, v, MAX_NAME)
+            elif num == 3:
+                _want("fence", wt, _VARINT)
+                if v > 1:
+                    raise Malformed(f"fence {v}, want 0 or 1")
+                m.fence = v == 1
         return m
     if typ in (REGISTER_SEGMENT_REPLY, UNREGISTER_SEGMENT):
         seg = 0
@@ -650,14 +688,19 @@ def _decode(typ: int, body):
                 n = _u32("present" if typ == EXISTS_REPLY else "removed", wt, v)
         return ExistsReply(n) if typ == EXISTS_REPLY else RemoveReply(n)
     if typ in (PUT, GET):
-        items = []
+        m = Put() if typ == PUT else Get()
         for num, wt, v in _fields(body):
             if num == 1:
                 _want("items", wt, _BYTES)
-                if len(items) >= MAX_ITEMS:
+                if len(m.items) >= MAX_ITEMS:
                     raise Malformed(f"more than {MAX_ITEMS} items")
-                items.append(_decode_item(v))
-        return Put(items) if typ == PUT else Get(items)
+                m.items.append(_decode_item(v))
+            elif num == 2:
+                _want("deadline", wt, _VARINT)
+                m.deadline_ns = v
+            elif num == 3:
+                m.fence_slot = _u32("fence slot", wt, v)
+        return m
     if typ == BATCH_REPLY:
         results = []
         for num, wt, v in _fields(body):
@@ -756,6 +799,13 @@ def valid_item(it: Item) -> None:
             raise Malformed(f"item {it.key!r}: total length overflows")
 
 
+def _valid_window(m) -> None:
+    if not 0 <= m.deadline_ns <= _U64:
+        raise Malformed(f"deadline {m.deadline_ns} out of range (uint64)")
+    if not 0 <= m.fence_slot <= FENCE_SLOTS:
+        raise Malformed(f"fence slot {m.fence_slot}, at most {FENCE_SLOTS}")
+
+
 def validate(m) -> None:
     """Check m against the protocol's limits, as the Go codec's Validate does."""
     t = m.TYPE
@@ -763,6 +813,8 @@ def validate(m) -> None:
         _valid_text("client name", m.client_name, MAX_NAME)
     elif t == HELLO_REPLY:
         _valid_text("server version", m.server_version, MAX_NAME)
+        if not 0 <= m.clock_ns <= _U64:
+            raise Malformed(f"clock {m.clock_ns} out of range (uint64)")
     elif t == REGISTER_SEGMENT:
         if m.size <= 0:
             raise Malformed("segment size is 0")
@@ -776,6 +828,7 @@ def validate(m) -> None:
         if m.removed > MAX_ITEMS:
             raise Malformed(f"{m.removed} keys removed, a batch has at most {MAX_ITEMS}")
     elif t in (PUT, GET):
+        _valid_window(m)
         if len(m.items) > MAX_ITEMS:
             raise Malformed(f"{len(m.items)} items, at most {MAX_ITEMS}")
         for i, it in enumerate(m.items):

@@ -9,6 +9,8 @@ close() ends them all.
 """
 
 import array
+import ctypes
+import mmap
 import os
 import socket
 import threading
@@ -82,13 +84,27 @@ class Peer:
             except OSError:
                 return
 
-    def hello(self, client_id: int = 1):
-        """Answer the client's Hello; False when it sent something else or closed."""
+    def hello(self, client_id: int = 1, clock_ns: int = 0):
+        """Answer the client's Hello; False when it sent something else or closed.
+
+        clock_ns 0 is a service that keeps no deadlines (an older one); else the
+        client registers its fence page next (see fence()).
+        """
         got = self.recv()
         if got is None or got[0].type != wire.HELLO:
             return False
-        self.send(got[0].id, wire.HelloReply(client_id, "fake", wire.MAX_ITEMS))
+        self.send(got[0].id, wire.HelloReply(client_id, "fake", wire.MAX_ITEMS, clock_ns))
         return True
+
+    def fence(self, segment_id: int = 99):
+        """Take the client's fence page registration: its counters (a ctypes
+        uint32 array over the page), or None when it sent something else."""
+        got = self.recv()
+        if got is None or got[0].type != wire.REGISTER_SEGMENT or not got[1].fence or not self.fds:
+            return None
+        mm = mmap.mmap(self.fds[-1], wire.FENCE_BYTES, flags=mmap.MAP_SHARED)
+        self.send(got[0].id, wire.RegisterSegmentReply(segment_id))
+        return (ctypes.c_uint32 * wire.FENCE_SLOTS).from_buffer(mm)
 
     def serve(self, first_segment: int = 1):
         """Answer like a healthy service until the client closes: segments get ids

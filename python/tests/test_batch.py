@@ -56,6 +56,44 @@ def test_encode_matches_the_generic_encoder(seed):
     assert sizes.tolist() == want_sizes
 
 
+@pytest.mark.parametrize(
+    "op,deadline,slot",
+    [
+        (wire.PUT, 0, 0),
+        (wire.PUT, 987654321012345, 0),
+        (wire.GET, (1 << 64) - 1, 1024),
+        (wire.GET, 0, 1),
+    ],
+)
+def test_a_batch_frame_with_a_deadline_is_the_generic_encoders(op, deadline, slot):
+    """The fast path's items with the call's deadline and fence slot before them
+    are the frame the generic encoder (and Go's marshalWindow) writes."""
+    names = [b"a" * 70, b"b" * 70]
+    fmt_field = b"\x11" + (5).to_bytes(8, "little")
+    t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    sid, off, length = [[1, 1], [2, 2]], [[0, 4096], [128, 8192]], [[64, 64], [32, 32]]
+    keep = torch.tensor([[True, True], [True, False]])
+    body, _ = batch.encode(names, fmt_field, t(sid), t(off), t(length), keep)
+    cls = wire.Put if op == wire.PUT else wire.Get
+    items = [
+        wire.Item(names[0].decode(), 5, [wire.Range(1, 0, 64), wire.Range(1, 4096, 64)]),
+        wire.Item(names[1].decode(), 5, [wire.Range(2, 128, 32)]),
+    ]
+    fast = wire.encode_frame(9, cls([], deadline, slot), body)
+    assert fast == wire.encode_frame(9, cls(items, deadline, slot))
+    h, m = wire.parse_frame(fast)
+    assert (m.deadline_ns, m.fence_slot, m.items) == (deadline, slot, items)
+    with pytest.raises(wire.Malformed):
+        wire.encode_frame(9, cls([], deadline, wire.FENCE_SLOTS + 1), body)
+
+
+def test_split_leaves_room_for_the_deadline():
+    one = wire.MAX_BODY // 4
+    cuts = batch.split([one] * 4)
+    assert len(cuts) == 2, "four quarter-frame items and a deadline do not fit one frame"
+    assert all(b1 - b0 + wire.MAX_WINDOW <= wire.MAX_BODY for _, _, b0, b1 in cuts)
+
+
 def test_split_respects_both_limits():
     sizes = [10] * 25
     assert batch.split(sizes, max_items=10, max_body=1000) == [

@@ -25,6 +25,7 @@ def test_doctor_passes_and_prints_the_flags(serve):
     r, _ = run_doctor(serve.socket)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "registers" in r.stdout and "same bytes" in r.stdout
+    assert "never copied afterwards" in r.stdout
     assert '"allocator":"shm"' in r.stdout and serve.socket in r.stdout
 
 

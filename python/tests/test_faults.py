@@ -289,3 +289,74 @@ def test_indices_outside_the_pool_are_refused_for_every_method(
     for p in range(n):
         if p != 4:
             assert harness.page_bytes(pool, p).equal(before[p]), f"page {p} was overwritten"
+
+
+# ---------------------------------------------------------------- a refused pool
+
+
+@pytest.mark.parametrize("refused", ["kv", "draft"])
+def test_a_pool_whose_segment_was_refused_reports_no_hits(
+    sglang, strata_bin, sock_path, backends, refused
+):
+    """Its gets fail (the service cannot reach its memory), so a hit that exists
+    reports would send SGLang to load pages that never come: it has no L3."""
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+
+    s = Serve(strata_bin, sock_path, args=["--max-segments-per-client", "1"]).start()
+    try:
+        pools = {n: harness.host_pool("mha", "page_first", label=n) for n in ("kv", "draft")}
+        names = {"kv": PoolName.KV, "draft": PoolName.DRAFT}
+        keys = harness.keys(3, "refused-" + refused)
+        idx = harness.indices(pools["kv"], [1, 2, 3])
+        # Another engine (one segment each) stores both pools' objects.
+        for n in ("kv", "draft"):
+            w = backends(s.socket)
+            w.register_mem_host_pool_v2(harness.host_pool("mha", "page_first", label=n), names[n])
+            assert w.client.wait_connected(10)
+            t = [PoolTransfer(name=names[n], keys=keys, host_indices=idx)]
+            assert w.batch_set_v2(t)[names[n]] == [True] * 3
+        b = backends(s.socket)
+        other = "draft" if refused == "kv" else "kv"
+        b.register_mem_host_pool_v2(pools[other], names[other])  # takes the one segment
+        b.register_mem_host_pool_v2(pools[refused], names[refused])
+        assert b.pool_status()[refused].startswith("refused"), b.pool_status()
+        t = [PoolTransfer(name=PoolName.DRAFT, keys=keys, host_indices=idx)]
+        if refused == "kv":
+            assert b.batch_exists(keys) == 0
+            assert b.batch_get_v1(keys, idx) == [False] * 3
+        r = b.batch_exists_v2(keys, [PoolTransfer(name=PoolName.DRAFT)])
+        assert r.kv_hit_pages == 0 and not r.extra_pool_hit_pages.get(names[refused])
+        assert b.batch_get_v2(t)[PoolName.DRAFT] == ([True] * 3 if refused == "kv" else [False] * 3)
+    finally:
+        s.stop()
+
+
+def test_a_replaced_pool_is_freed_after_an_outage_was_logged(sglang, serve, backends, caplog):
+    """A pool SGLang replaced at run time must go with its memory: neither
+    SGLang's base class (which keeps the pool register_mem_pool_host was
+    given) nor a log record of an outage (an exception would keep the frames
+    it passed through, the pools of the failed call among them) may keep it."""
+    import weakref
+
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+
+    b = backends(serve.socket, timeout_s=0.3)
+    first = harness.host_pool("mha", "page_first")
+    b.register_mem_pool_host(first)
+    b.register_mem_host_pool_v2(first, PoolName.KV)
+    assert b.client.wait_connected(10)
+    keys = harness.keys(2, "freed")
+    serve.pause()
+    try:
+        with caplog.at_level(logging.WARNING, logger="strata_sglang"):
+            assert b.batch_get_v1(keys, harness.indices(first, [1, 2])) == [False, False]
+    finally:
+        serve.resume()
+    assert warnings_of(caplog), "the outage was not logged"
+    gone = weakref.ref(first)
+    del first
+    second = harness.host_pool("mha", "page_first")
+    b.register_mem_host_pool_v2(second, PoolName.KV)
+    gc.collect()
+    assert gone() is None, "the pool SGLang replaced is still alive, and its memory with it"
+    assert wait_for(lambda: b.batch_set_v1(keys, harness.indices(second, [1, 2])) == [True] * 2, 20)

@@ -35,7 +35,7 @@ def _message(typ, fields):
             )
             for it in fields["items"]
         ]
-        return cls(items)
+        return cls(items, fields["deadline_ns"], fields["fence_slot"])
     if typ == wire.BATCH_REPLY:
         return cls([wire.Result(r["status"], r["message"]) for r in fields["results"]])
     if typ == wire.STATS_REPLY:
