@@ -49,13 +49,6 @@ func (o *outage) ok(args ...any) {
 	o.down, o.failures = false, 0
 }
 
-// isDown reports whether an outage is under way.
-func (o *outage) isDown() bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.down
-}
-
 // oneLine is err's message on one line: joined errors are separated by "; ".
 func oneLine(err error) string {
 	if err == nil {

@@ -400,7 +400,7 @@ func (it *Item) unmarshal(b []byte, room []Range, keys *keyBuffer) error {
 	return nil
 }
 
-// unmarshalItems decodes the items of a Put or Get. A first pass counts the
+// The items of a Put or Get are decoded in two passes. A first one counts the
 // items (bounded by MaxItems), so that the items fill one slice allocated once,
 // and their ranges another, sized for the common one range an item (an item
 // with more grows its own; MaxRanges bounds them as it is decoded). With
@@ -408,14 +408,11 @@ func (it *Item) unmarshal(b []byte, room []Range, keys *keyBuffer) error {
 // allocation instead of one per item, which a batch of small objects pays for in
 // full. A key then keeps its batch's keys alive, so only a Get does so (its
 // keys are looked up; the service copies the few it keeps, those of objects it
-// promotes); a Put's keys are stored, and each gets its own string. Allocations stay bounded by the body's length, which MaxBody bounds.
-func unmarshalItems(b []byte, shareKeys bool) ([]Item, error) {
-	items, _, _, err := unmarshalBatch(b, shareKeys)
-	return items, err
-}
-
-// unmarshalBatch decodes a Put or Get: its items (unmarshalItems), its deadline
-// and its fence slot. Encoders write the deadline and the slot first, each with
+// promotes); a Put's keys are stored, and each gets its own string.
+// Allocations stay bounded by the body's length, which MaxBody bounds.
+//
+// unmarshalBatch decodes a Put or Get: its items (as above), its deadline and
+// its fence slot. Encoders write the deadline and the slot first, each with
 // its one-byte tag; the fast path takes them off there, and the general walk
 // finds them anywhere.
 func unmarshalBatch(b []byte, shareKeys bool) (items []Item, deadline uint64, slot uint32, err error) {
