@@ -254,6 +254,31 @@ func (c *Conn) Close() error {
 	return c.uc.Close()
 }
 
+// CloseWrite shuts the connection's sending side: the peer reads the end of
+// the stream, and what it still sends can be read. A client that gives up on a
+// connection this way learns when the peer has closed it (AwaitClose).
+func (c *Conn) CloseWrite() error {
+	return c.uc.CloseWrite()
+}
+
+// AwaitClose discards what the peer still sends until it closes the
+// connection, and reports whether it did before ctx ended. Call it only once
+// nothing else receives on the connection (after Recv failed, say): it reads
+// the socket directly.
+func (c *Conn) AwaitClose(ctx context.Context) bool {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	stop := context.AfterFunc(ctx, func() { _ = c.uc.SetReadDeadline(time.Now()) })
+	defer stop()
+	_ = c.uc.SetReadDeadline(time.Time{})
+	buf := make([]byte, 4096)
+	for {
+		if _, err := c.uc.Read(buf); err != nil {
+			return ctx.Err() == nil && (errors.Is(err, io.EOF) || errors.Is(err, unix.ECONNRESET))
+		}
+	}
+}
+
 // CloseRead shuts the connection's receiving side: a Recv in progress and
 // later ones end (io.EOF), while replies can still be sent. A server ends a
 // session this way, and closes it once the requests in flight have ended.

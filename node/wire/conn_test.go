@@ -416,3 +416,38 @@ func TestPeerCred(t *testing.T) {
 		t.Fatalf("PeerCred = %d %d %d, want %d %d %d", pid, uid, gid, os.Getpid(), os.Getuid(), os.Getgid())
 	}
 }
+
+// A side that shut its writing half reads what the peer still sends and
+// learns when the peer closes (AwaitClose); an ended context stops the wait.
+func TestCloseWriteThenAwaitClose(t *testing.T) {
+	a, b := socketpair(t)
+	if err := a.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, _, _, err := b.Recv(ctx); !errors.Is(err, io.EOF) {
+		t.Fatalf("the peer's receive after CloseWrite: %v, want EOF", err)
+	}
+	if err := b.Send(ctx, TypePing, 1, Ping{Nonce: 7}); err != nil {
+		t.Fatalf("the peer can still send: %v", err)
+	}
+	closed := make(chan bool, 1)
+	go func() { closed <- a.AwaitClose(ctx) }()
+	b.Close()
+	select {
+	case ok := <-closed:
+		if !ok {
+			t.Fatal("AwaitClose did not see the peer close")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("AwaitClose did not return after the peer closed")
+	}
+	c, d := socketpair(t)
+	_ = d
+	short, cancel2 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel2()
+	if c.AwaitClose(short) {
+		t.Fatal("AwaitClose reported a close when its context ended first")
+	}
+}

@@ -415,9 +415,25 @@ func (b *Backend) readLoop(conn *wire.Conn) {
 			b.pending = map[uint64]chan reply{}
 			closed := b.closed
 			b.mu.Unlock()
-			_ = conn.Close()
-			if l != nil {
-				l.gone(closedByPeer(err))
+			switch {
+			case closedByPeer(err) || closed || l == nil:
+				_ = conn.Close()
+				if l != nil {
+					l.gone(closedByPeer(err))
+				}
+			default:
+				// The client gives up on a connection the service still holds (a
+				// reply it could not read): the service may still copy for the
+				// calls on it. Shut only this side and learn when the service
+				// closes it, which it does once those calls ended (fence.go).
+				_ = conn.CloseWrite()
+				b.wg.Add(1)
+				go func() {
+					defer b.wg.Done()
+					peer := conn.AwaitClose(b.life)
+					_ = conn.Close()
+					l.gone(peer)
+				}()
 			}
 			for _, ch := range waiting {
 				ch <- reply{err: fmt.Errorf("node service connection lost: %w", storage.ErrUnavailable), lost: true}
@@ -500,8 +516,11 @@ func (b *Backend) callOn(ctx context.Context, conn *wire.Conn, t wire.Type, msg 
 		b.mu.Unlock()
 		return nil, err
 	}
+	dl, _ := ctx.Deadline()
 	gaveUp := func() {
-		l.waitFence(slot, b.log, b.cfg.Socket)
+		if t == wire.TypePut || t == wire.TypeGet {
+			l.settle(slot, dl, b.life.Done(), b.log, b.cfg.Socket)
+		}
 		l.release(slot)
 	}
 	if err := conn.Send(ctx, t, id, msg, fds...); err != nil {

@@ -135,25 +135,39 @@ func (l *link) release(slot uint32) {
 	}
 }
 
-// waitFence returns once no copy of the request with slot runs in the
-// service, or the service closed the connection (see the package comment on
-// gave-up calls); it logs once a copy keeps it waiting past a second.
-func (l *link) waitFence(slot uint32, log *slog.Logger, socket string) {
-	if slot == 0 {
+// settle returns once the service can no longer copy for a Put or Get that
+// ended without its reply (see the comment on gave-up calls above): the
+// service closed the connection, or the call's deadline has passed (the
+// service starts no copy after it) and, for a Get, its fence counter reads 0
+// (no copy runs). A call that lost its connection, or whose context ended,
+// before its deadline waits for it: until then the service may still copy.
+// done (the backend's Close) ends the wait. It logs once when a copy keeps it
+// waiting a second past the deadline.
+func (l *link) settle(slot uint32, deadline time.Time, done <-chan struct{}, log *slog.Logger, socket string) {
+	if l == nil || !l.deadlines {
 		return
 	}
-	start := time.Now()
 	warned := false
-	for pause := 20 * time.Microsecond; l.fence[slot-1].Load() != 0; pause = min(2*pause, 10*time.Millisecond) {
-		select {
-		case <-l.peerClosed:
+	for pause := 20 * time.Microsecond; ; pause = min(2*pause, 10*time.Millisecond) {
+		late := time.Since(deadline)
+		if late >= 0 && (slot == 0 || l.fence[slot-1].Load() == 0) {
 			return
-		case <-time.After(pause):
 		}
-		if !warned && time.Since(start) > time.Second {
+		if late > time.Second && !warned {
 			warned = true
 			log.Warn("node client: a get past its deadline waits for the node service to finish copying into the engine's memory (the service is stalled mid-copy); it returns when the copy ends or the service goes",
 				"socket", socket)
+		}
+		wait := pause
+		if late < 0 {
+			wait = min(-late, 10*time.Millisecond)
+		}
+		select {
+		case <-l.peerClosed:
+			return
+		case <-done:
+			return
+		case <-time.After(wait):
 		}
 	}
 }

@@ -9,18 +9,19 @@ import (
 	"github.com/stratakv/strata/node/wire"
 )
 
-// A call that gave up waits while its fence counter says the service copies
-// into the engine's memory, and returns once the counter is 0 or the service
-// closed the connection. (That it waits cannot fail on a correct client; that
-// it returns is what the test bounds.)
-func TestWaitFenceWaitsForTheCopyUnderWay(t *testing.T) {
-	for _, end := range []string{"copy ends", "service closes"} {
+// A call that gave up past its deadline waits while its fence counter says the
+// service copies into the engine's memory, and returns once the counter is 0,
+// the service closed the connection, or the backend closed. (That it waits
+// cannot fail on a correct client; that it returns is what the test bounds.)
+func TestSettleWaitsForTheCopyUnderWay(t *testing.T) {
+	for _, end := range []string{"copy ends", "service closes", "backend closes"} {
 		t.Run(end, func(t *testing.T) {
-			l := &link{fence: make([]atomic.Uint32, wire.FenceSlots), peerClosed: make(chan struct{})}
+			l := &link{deadlines: true, fence: make([]atomic.Uint32, wire.FenceSlots), peerClosed: make(chan struct{})}
 			l.fence[4].Store(1)
+			closing := make(chan struct{})
 			done := make(chan struct{})
 			go func() {
-				l.waitFence(5, quiet, "test")
+				l.settle(5, time.Now().Add(-time.Millisecond), closing, quiet, "test")
 				close(done)
 			}()
 			select {
@@ -28,10 +29,13 @@ func TestWaitFenceWaitsForTheCopyUnderWay(t *testing.T) {
 				t.Fatal("returned with a copy under way")
 			case <-time.After(50 * time.Millisecond):
 			}
-			if end == "copy ends" {
+			switch end {
+			case "copy ends":
 				l.fence[4].Store(0)
-			} else {
+			case "service closes":
 				close(l.peerClosed)
+			default:
+				close(closing)
 			}
 			select {
 			case <-done:
@@ -39,6 +43,27 @@ func TestWaitFenceWaitsForTheCopyUnderWay(t *testing.T) {
 				t.Fatalf("did not return after the %s", end)
 			}
 		})
+	}
+}
+
+// A call that lost its connection before its deadline (or whose context
+// ended early) waits for the deadline even with no copy under way: until then
+// the service may start one. A put too.
+func TestSettleWaitsForTheDeadline(t *testing.T) {
+	l := &link{deadlines: true, fence: make([]atomic.Uint32, wire.FenceSlots), peerClosed: make(chan struct{})}
+	for _, slot := range []uint32{0, 3} {
+		deadline := time.Now().Add(100 * time.Millisecond)
+		l.settle(slot, deadline, nil, quiet, "test")
+		if now := time.Now(); now.Before(deadline) {
+			t.Fatalf("slot %d: returned %v before the deadline", slot, deadline.Sub(now))
+		}
+	}
+	// Unless the service closed the connection: then nothing can copy.
+	close(l.peerClosed)
+	start := time.Now()
+	l.settle(3, time.Now().Add(time.Hour), nil, quiet, "test")
+	if time.Since(start) > 10*time.Second {
+		t.Fatal("waited for the deadline on a connection the service closed")
 	}
 }
 
