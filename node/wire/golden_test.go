@@ -53,6 +53,8 @@ func goldenCases() []goldenCase {
 		{"hello_negative_pid", 2, &Hello{Version: Version, ClientName: "x", PID: -7}},
 		{"hello_reply", 1, &HelloReply{ClientID: 1 << 40, ServerVersion: "strata v1.2.3", MaxBatch: MaxItems}},
 		{"hello_reply_clock", 1, &HelloReply{ClientID: 3, ServerVersion: "strata v1.3.0", MaxBatch: MaxItems, ClockNS: 1<<63 + 12345}},
+		{"hello_reply_restart", 1, &HelloReply{ClientID: 4, ServerVersion: "strata v1.4.0", MaxBatch: MaxItems, ClockNS: 99,
+			InstanceID: 0xfedcba9876543210, ContentID: 0x0123456789abcdef, Starting: true, ReadyPercent: 37, Warm: true}},
 		{"register_segment", 3, &RegisterSegment{Size: 3<<30 + 4096, Name: "kv"}},
 		{"register_fence", 2, &RegisterSegment{Size: FenceBytes, Name: "fence", Fence: true}},
 		{"register_segment_reply", 3, &RegisterSegmentReply{SegmentID: 4294967295}},
@@ -119,7 +121,8 @@ func goldenJSON(m Message) map[string]any {
 	case *Hello:
 		return map[string]any{"version": m.Version, "client_name": m.ClientName, "pid": m.PID}
 	case *HelloReply:
-		return map[string]any{"client_id": m.ClientID, "server_version": m.ServerVersion, "max_batch": m.MaxBatch, "clock_ns": m.ClockNS}
+		return map[string]any{"client_id": m.ClientID, "server_version": m.ServerVersion, "max_batch": m.MaxBatch, "clock_ns": m.ClockNS,
+			"instance_id": m.InstanceID, "content_id": m.ContentID, "starting": m.Starting, "ready_percent": m.ReadyPercent, "warm": m.Warm}
 	case *RegisterSegment:
 		return map[string]any{"size": m.Size, "name": m.Name, "fence": m.Fence}
 	case *RegisterSegmentReply:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import socket
 import sys
 import time
 
 from . import wire
-from .client import Connection, StrataError
+from .client import Connection, StrataError, Timeout
 
 FLAGS = (
     "--enable-hierarchical-cache --hicache-storage-backend dynamic "
@@ -52,11 +53,23 @@ def doctor(socket_path: str, timeout: float = 5.0, out=sys.stdout) -> int:
             "run SGLang as the service's user, or start strata serve with --socket-mode 0660 "
             "--socket-group GROUP and add SGLang's user to GROUP",
         )
+    except ConnectionRefusedError as e:
+        # Nothing listens on the path: the file outlived its service.
+        return fail(
+            f"nothing listens on {socket_path} ({e})",
+            "the socket file outlived its service (a crash): start strata serve again",
+        )
+    except (socket.timeout, Timeout) as e:
+        # Something accepted the connection and did not answer: a service
+        # answers within milliseconds of starting, even with a large arena.
+        return fail(
+            f"the node service at {socket_path} accepted the connection but did not answer within {timeout:g} s: {e}",
+            f"it is stopped (SIGSTOP, a debugger) or overloaded: see strata inspect --socket {socket_path} and its log",
+        )
     except (OSError, StrataError, wire.Malformed) as e:
         return fail(
             f"the node service at {socket_path} does not answer: {e}",
-            f"check that strata serve is running (strata inspect --socket {socket_path}); "
-            "a stale socket file stays after a crash: restart strata serve",
+            f"check that strata serve is running (strata inspect --socket {socket_path}) and see its log",
         )
     try:
         try:
@@ -68,6 +81,16 @@ def doctor(socket_path: str, timeout: float = 5.0, out=sys.stdout) -> int:
             f"{(time.monotonic() - t0) * 1e3:.1f} ms)",
             file=out,
         )
+        if conn.hello.starting:
+            print(
+                f"ok    the node service is starting ({conn.hello.ready_percent}% of its arena ready): "
+                "it serves already, from what is ready",
+                file=out,
+            )
+        if conn.hello.warm:
+            print(
+                "ok    the node service kept its contents across its last restart (warm)", file=out
+            )
         if not conn.deadlines:
             return fail(
                 "the node service keeps no client deadlines (an older strata serve): a call that times out "

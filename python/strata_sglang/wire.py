@@ -131,6 +131,16 @@ class HelloReply:
     # The service's CLOCK_MONOTONIC (ns) when it answered: the clock of
     # deadline_ns. 0 from a service that keeps no client deadlines.
     clock_ns: int = 0
+    # Random per start of the service; content_id stays the same across a
+    # restart that kept the service's contents (warm), and changes when it
+    # started empty. 0 from an older service.
+    instance_id: int = 0
+    content_id: int = 0
+    # The service serves already while starting, from ready_percent of its
+    # arena; warm says this start kept the contents of the one before.
+    starting: bool = False
+    ready_percent: int = 0
+    warm: bool = False
     TYPE = HELLO_REPLY
 
 
@@ -350,6 +360,11 @@ def encode_body(msg) -> bytes:
             + _f_str(2, msg.server_version)
             + _f_varint(3, msg.max_batch)
             + _f_varint(4, msg.clock_ns)
+            + _f_fixed64(5, msg.instance_id)
+            + _f_fixed64(6, msg.content_id)
+            + _f_varint(7, int(bool(msg.starting)))
+            + _f_varint(8, msg.ready_percent)
+            + _f_varint(9, int(bool(msg.warm)))
         )
     if t == REGISTER_SEGMENT:
         return _f_varint(1, msg.size) + _f_str(2, msg.name) + _f_varint(3, int(bool(msg.fence)))
@@ -648,6 +663,22 @@ def _decode(typ: int, body):
             elif num == 4:
                 _want("clock", wt, _VARINT)
                 m.clock_ns = v
+            elif num == 5:
+                _want("instance id", wt, _FIXED64)
+                m.instance_id = v
+            elif num == 6:
+                _want("content id", wt, _FIXED64)
+                m.content_id = v
+            elif num in (7, 9):
+                what = "starting" if num == 7 else "warm"
+                _want(what, wt, _VARINT)
+                if v > 1:
+                    raise Malformed(f"{what} {v}, want 0 or 1")
+                setattr(m, what, v == 1)
+            elif num == 8:
+                m.ready_percent = _u32("ready percent", wt, v)
+                if m.ready_percent > 100:
+                    raise Malformed(f"ready percent {m.ready_percent} over 100")
         return m
     if typ == REGISTER_SEGMENT:
         m = RegisterSegment()
