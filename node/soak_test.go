@@ -779,9 +779,13 @@ func TestSoak(t *testing.T) {
 		c.SpillBytes = 256 << 20
 		c.MaxSegmentsPerClient = soakSegmentCap
 		// Short enough that the hostile's silent connections go within a
-		// round; the frame timeout stays at its default, which a largest
-		// frame needs on a busy machine.
+		// round.
 		c.HelloTimeout = 2 * time.Second
+		// The largest frame there is (the huge Get) took 25 s to arrive
+		// under the race detector at load 15, past the 10 s default, and
+		// the service rightly dropped it as a trickle: the soak is about
+		// serving that request, so it gets as long as any request.
+		c.FrameTimeout = soakRequestTimeout
 	})
 	rss0, fds0 := procStatus(t)
 	seed := uint64(time.Now().UnixNano())

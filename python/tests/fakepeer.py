@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import time
+from typing import Optional
 
 from strata_sglang import wire
 
@@ -84,15 +85,20 @@ class Peer:
             except OSError:
                 return
 
-    def hello(self, client_id: int = 1, clock_ns: int = 0):
+    def hello(self, client_id: int = 1, clock_ns: int = 0, skew_ns: Optional[int] = None):
         """Answer the client's Hello; False when it sent something else or closed.
 
         clock_ns 0 is a service that keeps no deadlines (an older one); else the
-        client registers its fence page next (see fence()).
+        client registers its fence page next (see fence()). skew_ns instead
+        gives a clock that runs that far ahead of ours, read once the Hello has
+        arrived, as a service reads it: a clock read before the client sent
+        its Hello would be earlier than any the client can expect.
         """
         got = self.recv()
         if got is None or got[0].type != wire.HELLO:
             return False
+        if skew_ns is not None:
+            clock_ns = time.monotonic_ns() + skew_ns
         self.send(got[0].id, wire.HelloReply(client_id, "fake", wire.MAX_ITEMS, clock_ns))
         return True
 

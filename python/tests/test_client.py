@@ -358,7 +358,7 @@ def fenced(script):
     """A handler: Hello with a clock, the fence page, then script(i, p, counters)."""
 
     def handler(i, p):
-        if not p.hello(clock_ns=time.monotonic_ns() + SKEW):
+        if not p.hello(skew_ns=SKEW):
             return
         counters = p.fence()
         if counters is not None:
@@ -571,7 +571,7 @@ def test_a_get_without_a_fence_page_waits_for_the_service_to_close(path, fake, c
     ended = threading.Event()
 
     def handler(i, p):
-        if not p.hello(clock_ns=time.monotonic_ns()):
+        if not p.hello(skew_ns=0):
             return
         h, m = p.recv()
         assert m.fence
@@ -640,7 +640,7 @@ def test_a_slow_hello_is_made_again(path, fake, clients):
                 return
             time.sleep(0.3)  # a tenth of the timeout is 0.1 s
             p.send(got[0].id, wire.HelloReply(1, "fake", wire.MAX_ITEMS, time.monotonic_ns()))
-        elif not p.hello(clock_ns=time.monotonic_ns()):
+        elif not p.hello(skew_ns=0):
             return
         p.serve()
 
