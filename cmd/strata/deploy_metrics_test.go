@@ -238,6 +238,10 @@ func checkExpr(t *testing.T, expr string, families map[string]*dto.MetricFamily)
 	return names
 }
 
+// grafanaVars replaces the dashboard's variables as Grafana does before it
+// sends a query: a rate interval, and every instance.
+var grafanaVars = strings.NewReplacer("$__rate_interval", "1m", "$instance", ".*")
+
 // checkRulesParse hands every expression (Grafana's variables replaced as
 // Grafana does before it sends a query) to Prometheus's own parser, as
 // recording rules for `promtool check rules`.
@@ -249,9 +253,8 @@ func checkRulesParse(t *testing.T, exprs []string) {
 		Expr   string `json:"expr"`
 	}
 	rules := make([]rule, len(exprs))
-	vars := strings.NewReplacer("$__rate_interval", "1m", "$instance", ".*")
 	for i, e := range exprs {
-		rules[i] = rule{Record: fmt.Sprintf("strata:dashboard_query_%d", i), Expr: vars.Replace(e)}
+		rules[i] = rule{Record: fmt.Sprintf("strata:dashboard_query_%d", i), Expr: grafanaVars.Replace(e)}
 	}
 	doc, err := json.Marshal(map[string]any{"groups": []any{map[string]any{"name": "dashboard", "rules": rules}}})
 	if err != nil {
@@ -263,5 +266,79 @@ func checkRulesParse(t *testing.T, exprs []string) {
 	}
 	if out, err := exec.Command(promtool, "check", "rules", path).CombinedOutput(); err != nil {
 		t.Fatalf("promtool check rules on the dashboard's queries: %v\n%s", err, out)
+	}
+}
+
+// The hit ratio panel's query, evaluated by Prometheus's own engine (promtool
+// test rules) on series like the service's: one instance with a Redis (whose
+// hits count as hits) and one without (which exports no Redis metrics, and
+// must still get a ratio).
+func TestDeployDashboardHitRatio(t *testing.T) {
+	promtool := requireTool(t, "promtool", "prometheus")
+	raw, err := os.ReadFile(dashboardPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	expr := ""
+	for _, p := range d.Panels {
+		if p.Title == "Get hit ratio" && len(p.Targets) == 1 {
+			expr = grafanaVars.Replace(p.Targets[0].Expr)
+		}
+	}
+	if expr == "" {
+		t.Fatalf("%s has no panel \"Get hit ratio\" with one query", dashboardPath)
+	}
+	// Every series grows by 60 a minute: 1 a second.
+	series := func(s string) map[string]string { return map[string]string{"series": s, "values": "0+60x10"} }
+	doc := map[string]any{
+		"rule_files":          []string{"none.yml"},
+		"evaluation_interval": "1m",
+		"tests": []any{map[string]any{
+			"interval": "1m",
+			"input_series": []any{
+				series(`strata_node_objects_total{op="get",tier="arena",instance="a"}`),
+				series(`strata_node_objects_total{op="get",tier="spill",instance="a"}`),
+				series(`strata_node_objects_total{op="put",tier="arena",instance="a"}`),
+				series(`strata_node_remote_gets_total{result="hit",instance="a"}`),
+				series(`strata_node_remote_gets_total{result="miss",instance="a"}`),
+				series(`strata_node_misses_total{instance="a"}`),
+				series(`strata_node_objects_total{op="get",tier="arena",instance="b"}`),
+				series(`strata_node_misses_total{instance="b"}`),
+			},
+			"promql_expr_test": []any{map[string]any{
+				"expr":      expr,
+				"eval_time": "5m",
+				"exp_samples": []any{
+					map[string]any{"labels": `{instance="a"}`, "value": 0.75}, // arena, spill, Redis hit; one miss
+					map[string]any{"labels": `{instance="b"}`, "value": 0.5},
+				},
+			}},
+		}},
+	}
+	dir := t.TempDir()
+	for name, v := range map[string]any{"none.yml": map[string]any{"groups": []any{}}, "test.yml": doc} {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(promtool, "test", "rules", "test.yml")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("promtool test rules on %s: %v\n%s", expr, err, out)
 	}
 }

@@ -88,9 +88,10 @@ func (u unitFile) one(t *testing.T, section, key string) string {
 	return vs[0]
 }
 
-// loadServeConfig loads the config file path and the flags args exactly as
-// `strata serve` does, and validates the result.
-func loadServeConfig(t *testing.T, path string, args []string) node.Config {
+// loadServeConfig loads serve's command line args (its --config file, the
+// environment, the flags) exactly as `strata serve` does, and validates the
+// result.
+func loadServeConfig(t *testing.T, args []string) node.Config {
 	t.Helper()
 	s := newServeSettings()
 	fs := newFlagSet("serve", io.Discard)
@@ -98,17 +99,14 @@ func loadServeConfig(t *testing.T, path string, args []string) node.Config {
 	if err := parseFlags(fs, args); err != nil {
 		t.Fatalf("serve %q: %v", args, err)
 	}
-	if path != "" {
-		s.config = path
-	}
 	if err := s.load(fs, given()); err != nil {
 		t.Fatalf("serve %q with config %s: %v", args, s.config, err)
 	}
 	if !s.arenaFileSet {
-		t.Errorf("%s names no arena-file: a /run without room for the arena would then run it on anonymous memory with a warning, and every restart would be cold; name it so that such a start is refused", path)
+		t.Errorf("%s names no arena-file: a /run without room for the arena would then run it on anonymous memory with a warning, and every restart would be cold; name it so that such a start is refused", s.config)
 	}
 	if err := s.cfg.Validate(); err != nil {
-		t.Fatalf("config %s: %v", path, err)
+		t.Fatalf("config %s: %v", s.config, err)
 	}
 	return s.cfg
 }
@@ -146,7 +144,7 @@ func TestDeployUnitRunsTheExampleConfig(t *testing.T) {
 			args[i+1] = exampleConfig
 		}
 	}
-	cfg := loadServeConfig(t, "", args)
+	cfg := loadServeConfig(t, args)
 
 	runtimeDir := "/run/" + u.one(t, "Service", "RuntimeDirectory")
 	if p := u.one(t, "Service", "RuntimeDirectoryPreserve"); p != "yes" {
