@@ -37,10 +37,18 @@ const dashboardPath = deployDir + "/grafana/strata.json"
 // targetLabels are the labels Prometheus adds to every scraped series.
 var targetLabels = map[string]bool{"instance": true, "job": true}
 
-// scrapeService starts `strata serve` with a spill and a real redis-server to
-// write through to, puts objects, gets them back and misses one, and returns
-// its /metrics.
-func scrapeService(t *testing.T) []byte {
+// metricsService is a `strata serve` with a spill and a real redis-server to
+// write through to, and a client that put objects into it.
+type metricsService struct {
+	admin string
+	c     *restartClient
+	keys  []string
+	sizes []int
+}
+
+// startMetricsService starts the service, puts objects, and gets them back
+// with one key it does not have, so that every counter has counted.
+func startMetricsService(t *testing.T) *metricsService {
 	t.Helper()
 	redis := redistest.Start(t)
 	dir := shortDir(t)
@@ -51,23 +59,41 @@ func scrapeService(t *testing.T) []byte {
 	if st.Admin == "" {
 		t.Fatalf("the service reports no admin address; log:\n%s", s.log.String())
 	}
-	c := newRestartClient(t, socket, "metrics")
-	keys := []string{"m0", "m1", "m2", "m3", "m4"}
-	sizes := make([]int, len(keys))
-	for i := range keys {
-		sizes[i] = objSize(i)
+	m := &metricsService{admin: st.Admin, c: newRestartClient(t, socket, "metrics"), keys: []string{"m0", "m1", "m2", "m3", "m4"}}
+	for i := range m.keys {
+		m.sizes = append(m.sizes, objSize(i))
 	}
-	acked, err := c.put(keys, sizes)
-	if err != nil || len(acked) != len(keys) {
-		t.Fatalf("put: %v, %d of %d acknowledged", err, len(acked), len(keys))
+	acked, err := m.c.put(m.keys, m.sizes)
+	if err != nil || len(acked) != len(m.keys) {
+		t.Fatalf("put: %v, %d of %d acknowledged", err, len(acked), len(m.keys))
 	}
-	found, wrong, err := c.get(append(keys, "absent"), append(sizes, 4096))
-	if err != nil || len(wrong) > 0 || !found[0] || found[len(keys)] {
-		t.Fatalf("get: %v, found %v, wrong bytes in %q", err, found, wrong)
+	if err := m.get(); err != nil {
+		t.Fatal(err)
 	}
+	return m
+}
+
+// get reads every object put and one absent key in one batch: a batch of
+// hits and a miss.
+func (m *metricsService) get() error {
+	found, wrong, err := m.c.get(append(m.keys, "absent"), append(m.sizes, 4096))
+	if err != nil || len(wrong) > 0 {
+		return fmt.Errorf("get: %v, wrong bytes in %q", err, wrong)
+	}
+	for i, f := range found {
+		if f != (i < len(m.keys)) {
+			return fmt.Errorf("get: found %v, want the %d objects put and not the absent one", found, len(m.keys))
+		}
+	}
+	return nil
+}
+
+// httpGet fetches url within 10 s.
+func httpGet(t *testing.T, url string) []byte {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+st.Admin+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,13 +104,13 @@ func scrapeService(t *testing.T) []byte {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %s, %v\n%s", resp.Status, err, body)
+		t.Fatalf("GET %s: %s, %v\n%s", url, resp.Status, err, body)
 	}
 	return body
 }
 
 func TestDeployMetrics(t *testing.T) {
-	body := scrapeService(t)
+	body := httpGet(t, "http://"+startMetricsService(t).admin+"/metrics")
 	t.Run("promtool", func(t *testing.T) {
 		promtool := requireTool(t, "promtool", "prometheus")
 		cmd := exec.Command(promtool, "check", "metrics")
