@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"flag"
 	"io"
 	"os"
@@ -295,5 +296,77 @@ func TestDeployTmpfilesCreateTheRuntimeDirectory(t *testing.T) {
 		if f := strings.Fields(line); len(f) > 1 && f[1] == "/run/"+u.one(t, "Service", "RuntimeDirectory") && (len(f) < 6 || f[5] != "-") {
 			t.Errorf("%s: %q gives the runtime directory an age: want \"-\"", tmpfilesPath, line)
 		}
+	}
+}
+
+// The example config run as the unit runs it (serve --config), with its paths
+// moved into scratch directories, a small arena and no socket group (the test
+// machine has no group strata): SIGTERM ends it with status 0 (a stop systemd
+// counts as clean) well within the unit's TimeoutStopSec, and the next start
+// on it is warm, every object put before it served again.
+func TestDeployExampleConfigStopsCleanAndRestartsWarm(t *testing.T) {
+	u := parseUnit(t, unitPath)
+	stopTimeout, err := time.ParseDuration(u.one(t, "Service", "TimeoutStopSec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(exampleConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(shortDir(t), "s")
+	doc["socket"], doc["arena-file"], doc["spill-dir"] = socket, filepath.Join(shmArenaDir(t, 256<<20), "strata.arena"), filepath.Join(t.TempDir(), "spill")
+	doc["arena"] = "64MiB"
+	delete(doc, "socket-group")
+	cfg, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "serve.json")
+	if err := os.WriteFile(path, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	s := startServeOn(t, socket, "--config", path)
+	waitReady(t, socket)
+	c := newRestartClient(t, socket, "deploy")
+	keys := []string{"d0", "d1", "d2", "d3", "d4", "d5"}
+	sizes := make([]int, len(keys))
+	for i := range keys {
+		sizes[i] = objSize(i)
+	}
+	if acked, err := c.put(keys, sizes); err != nil || len(acked) != len(keys) {
+		t.Fatalf("put: %v, %d of %d acknowledged", err, len(acked), len(keys))
+	}
+	c.drop()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.exited:
+	case <-time.After(stopTimeout):
+		t.Fatalf("strata serve did not exit within TimeoutStopSec=%v of SIGTERM: systemd would SIGKILL it; log:\n%s", stopTimeout, s.log.String())
+	}
+	if s.err != nil {
+		t.Fatalf("strata serve exited with %v after SIGTERM: systemd would count the stop as a failure; log:\n%s", s.err, s.log.String())
+	}
+
+	startServeOn(t, socket, "--config", path)
+	st := waitReady(t, socket)
+	if !st.Start.Warm || !st.Start.PreviousClean || st.Start.Recovered != int64(len(keys)) {
+		t.Fatalf("restart on the example config: %+v, want warm after a clean stop with %d objects", st.Start, len(keys))
+	}
+	found, wrong, err := c.get(keys, sizes)
+	for i, f := range found {
+		if !f {
+			t.Errorf("%s is not served after the restart", keys[i])
+		}
+	}
+	if err != nil || len(wrong) > 0 {
+		t.Fatalf("get after the restart: %v, wrong bytes in %q", err, wrong)
 	}
 }
