@@ -106,16 +106,12 @@ func TestDeployPrometheusScrapesTheService(t *testing.T) {
 			}
 		}
 	}()
-	stopTraffic := func() {
-		if stop != nil {
-			close(stop)
-			stop = nil
-			if err := <-traffic; err != nil {
-				t.Errorf("gets during the scrapes: %v", err)
-			}
+	defer func() {
+		close(stop)
+		if err := <-traffic; err != nil {
+			t.Errorf("gets during the scrapes: %v", err)
 		}
-	}
-	defer stopTraffic()
+	}()
 
 	// Up, scraped at least five times (a rate over 5s has samples).
 	deadline := time.Now().Add(90 * time.Second)
