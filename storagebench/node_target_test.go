@@ -73,6 +73,10 @@ func checkNodeReport(t *testing.T, rep *Report, cfg Config) {
 	if rep.MismatchedPages != 0 || two.MismatchedPages != 0 {
 		t.Errorf("%d mismatched pages (%d with %d engines)", rep.MismatchedPages, two.MismatchedPages, n)
 	}
+	// An embedded service is measured once its arena is warmed up, and says so.
+	if warmed := strings.Contains(strings.Join(rep.Notes, "\n"), "arena warmed up"); warmed != (cfg.Socket == "") {
+		t.Errorf("socket %q, notes %q: the warm-up note should be there exactly for an embedded service", cfg.Socket, rep.Notes)
+	}
 	if rep.Backend != BackendNode || rep.HostAllocator != "shm" || rep.Stream != "" {
 		t.Errorf("backend %q, host allocator %q, stream %q", rep.Backend, rep.HostAllocator, rep.Stream)
 	}
