@@ -109,8 +109,8 @@ func NodeTarget(s Scratch) (t Target, err error) {
 		}
 		t.Describe = fmt.Sprintf("embedded service, %s arena holding every object of the run + 10%%, %d copy workers, no spill",
 			formatBytes(arenaBytes), workers)
-		t.Notes = append(t.Notes, fmt.Sprintf("the embedded service's arena warmed up (populated its memory) in %s before the first batch: "+
-			"a warm-up running beside the timed batches took the cores they copy on", took.Round(time.Millisecond)))
+		t.Notes = append(t.Notes, fmt.Sprintf("the embedded service's arena warmed up (its memory populated) in %s before the first batch, "+
+			"so that the warm-up does not take the cores the timed batches copy on", took.Round(time.Millisecond)))
 	} else {
 		if st, err := os.Stat(socket); err != nil || st.Mode().Type() != os.ModeSocket {
 			return Target{}, fmt.Errorf("no node service at %s (%s); start one with `strata serve --socket %s`, or leave out --socket to start one in the process",
