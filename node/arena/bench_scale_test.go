@@ -164,3 +164,20 @@ func pctl(ds []time.Duration, p int) time.Duration {
 	slices.Sort(ds)
 	return ds[min(len(ds)-1, len(ds)*p/100)]
 }
+
+// TestParseCount checks the counts STRATA_BENCH_OBJECTS accepts and refuses.
+func TestParseCount(t *testing.T) {
+	for in, want := range map[string]int{"1500": 1500, "64K": 64_000, "10M": 10_000_000, "100M": 100_000_000} {
+		if got, err := parseCount(in); err != nil || got != want {
+			t.Errorf("parseCount(%q) = %d, %v; want %d", in, got, err, want)
+		}
+		if name := countName(want); name != in {
+			t.Errorf("countName(%d) = %q, want %q", want, name, in)
+		}
+	}
+	for _, in := range []string{"", "0", "-3M", "10G", "1.5M", "M", "2000000M"} {
+		if got, err := parseCount(in); err == nil {
+			t.Errorf("parseCount(%q) = %d, want an error", in, got)
+		}
+	}
+}
