@@ -179,6 +179,10 @@ type Config struct {
 	// Batches is the number of Put (then Get) calls. Each batch has distinct keys,
 	// so Batches × PagesPerBatch pages are written.
 	Batches int `json:"batches"`
+	// Engines is how many engines (clients with host pools of their own) put and
+	// get at once in the phase after the one-engine phases, for targets with a
+	// Pair peer (the node service); 0 means DefaultEngines.
+	Engines int `json:"engines"`
 	// ExistsCalls is how many Exists calls (each of one batch's keys) time the
 	// lookup latency.
 	ExistsCalls int `json:"existsCalls"`
@@ -209,6 +213,21 @@ type Config struct {
 	Available func() (int64, error) `json:"-"`
 }
 
+// DefaultEngines is the engines of the phase of engines at once by default.
+const DefaultEngines = 2
+
+// MaxEngines bounds Config.Engines: each engine is a client and two host pool
+// batches of its own.
+const MaxEngines = 64
+
+// engines is Config.Engines with its default.
+func (c Config) engines() int {
+	if c.Engines == 0 {
+		return DefaultEngines
+	}
+	return c.Engines
+}
+
 // DefaultConfig is the full run: the file backend in the system temp directory,
 // 4 batches of 128 pages of the backend's default shape (for the file backend
 // Llama-3-8B's 8 MiB pages, 4 GiB written and read back; for the node service
@@ -218,6 +237,7 @@ func DefaultConfig() Config {
 		Backend:       BackendFile,
 		PagesPerBatch: storage.MaxBatch,
 		Batches:       4,
+		Engines:       DefaultEngines,
 		ExistsCalls:   200,
 		Seed:          1,
 	}
@@ -254,6 +274,9 @@ func (c Config) Validate() error {
 	}
 	if c.Batches < 1 || c.Batches > 1<<16 {
 		return fmt.Errorf("%d batches: want 1 to %d: %w", c.Batches, 1<<16, ErrConfig)
+	}
+	if c.Engines < 0 || c.Engines == 1 || c.Engines > MaxEngines {
+		return fmt.Errorf("%d engines at once: want 2 to %d: %w", c.Engines, MaxEngines, ErrConfig)
 	}
 	if c.ExistsCalls < 0 || c.ExistsCalls > 1<<20 {
 		return fmt.Errorf("%d exists calls: want 0 to %d: %w", c.ExistsCalls, 1<<20, ErrConfig)

@@ -17,14 +17,6 @@ import (
 	"github.com/stratakv/strata/storage/nodeclient"
 )
 
-// nodeObjectSets is how many times a run stores its bytes in the node service
-// under distinct keys: once by the one engine, once by each of the two engines.
-const nodeObjectSets = 3
-
-// nodeWarmBatches is how many untimed batches a run stores besides: the warm-up
-// of the main engine's host pool and of the second engine's.
-const nodeWarmBatches = 2
-
 // arenaGrain is the unit the node service's arena allocates in (its
 // alignment), which bounds from below what a small object takes there.
 const arenaGrain = 4096
@@ -34,8 +26,9 @@ const arenaGrain = 4096
 // hold every object of the run plus 10 %, no spill) unless s.Socket names a
 // running one. The service maps an engine's host pool lazily, so the target is
 // Warm: each host pool goes through one untimed batch first. The peer is a
-// MemcpyPeer with as many goroutines as the service's copy workers; the
-// two-engine phase's peer has twice as many (at most the machine's cores).
+// MemcpyPeer with as many goroutines as the service's copy workers; the peer of
+// the phase of s.Engines engines at once has that many times as many (at most
+// the machine's cores).
 // Unless s.NoRedis, a redis-server started on loopback stores the same objects
 // beside it.
 func NodeTarget(s Scratch) (t Target, err error) {
@@ -44,7 +37,11 @@ func NodeTarget(s Scratch) (t Target, err error) {
 		avail = hostmem.AvailableBytes
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	stored := nodeObjectSets*s.Bytes + nodeWarmBatches*s.BatchBytes
+	// The service stores the run's bytes once for the one engine and once for each
+	// engine of the engines phase, and an untimed warm-up batch of each engine's
+	// host pool besides (the main engine's pool is engine 1's).
+	engines := int64(max(s.Engines, DefaultEngines))
+	stored := (1+engines)*s.Bytes + engines*s.BatchBytes
 	// The arena gives each object a whole number of its 4 KiB grains: objects
 	// smaller than that take a grain each.
 	footprint := stored
@@ -67,12 +64,12 @@ func NodeTarget(s Scratch) (t Target, err error) {
 	// What the run holds at its peak besides the arena: a host pool of two batches
 	// per engine, and either the one-engine peers (memcpy, and Redis: its values in
 	// jemalloc's size classes, a quarter over for 2 MiB ones, and the replies of one
-	// batch in its output buffers) or the two-engine peer.
+	// batch in its output buffers) or the engines phase's peer.
 	redisBytes := int64(0)
 	if !s.NoRedis {
 		redisBytes = s.Bytes + s.Bytes/4 + s.BatchBytes
 	}
-	need := 4*s.BatchBytes + max(s.Bytes+redisBytes, 2*s.Bytes) + hostmem.DefaultConfig(hostmem.Mmap).ReserveBytes
+	need := 2*engines*s.BatchBytes + max(s.Bytes+redisBytes, engines*s.Bytes) + hostmem.DefaultConfig(hostmem.Mmap).ReserveBytes
 	socket := s.Socket
 	if socket == "" {
 		need += arenaBytes
@@ -106,8 +103,14 @@ func NodeTarget(s Scratch) (t Target, err error) {
 			return Target{}, fmt.Errorf("start the node service: %w", err)
 		}
 		closers.add(srv.Close)
+		took, err := awaitReady(srv, arenaBytes)
+		if err != nil {
+			return Target{}, err
+		}
 		t.Describe = fmt.Sprintf("embedded service, %s arena holding every object of the run + 10%%, %d copy workers, no spill",
 			formatBytes(arenaBytes), workers)
+		t.Notes = append(t.Notes, fmt.Sprintf("the embedded service's arena warmed up (its memory populated) in %s before the first batch, "+
+			"so that the warm-up does not take the cores the timed batches copy on", took.Round(time.Millisecond)))
 	} else {
 		if st, err := os.Stat(socket); err != nil || st.Mode().Type() != os.ModeSocket {
 			return Target{}, fmt.Errorf("no node service at %s (%s); start one with `strata serve --socket %s`, or leave out --socket to start one in the process",
@@ -116,8 +119,8 @@ func NodeTarget(s Scratch) (t Target, err error) {
 		t.Describe = "service at " + socket
 		t.Remove = func(ctx context.Context, names []string) error { return removeFromNode(ctx, socket, names) }
 		t.Notes = append(t.Notes, fmt.Sprintf("the node service at %s is measured as it runs: the memcpy peers assume it has %d copy workers (the default); "+
-			"its arena must hold %s (the run's objects three times over, one engine then two, and two warm-up batches) or gets miss; "+
-			"the run's objects are in a namespace of their own and removed afterwards (unless --keep)", socket, workers, formatBytes(stored)))
+			"its arena must hold %s (the run's objects %d times over, one engine then %d, and %d warm-up batches) or gets miss; "+
+			"the run's objects are in a namespace of their own and removed afterwards (unless --keep)", socket, workers, formatBytes(stored), 1+engines, engines, engines))
 	}
 	t.New = func(ctx context.Context) (storage.Backend, error) {
 		cfg := nodeclient.DefaultConfig(socket)
@@ -139,14 +142,16 @@ func NodeTarget(s Scratch) (t Target, err error) {
 
 	// The peers map their memory at their first Write; the run closes them.
 	t.Peer = &MemcpyPeer{Workers: workers, Capacity: s.Bytes, Available: s.Available}
-	pairWorkers := min(2*workers, runtime.NumCPU())
-	t.Pair = &MemcpyPeer{Workers: pairWorkers, Capacity: 2 * s.Bytes, Available: s.Available}
+	want := int(engines) * workers
+	pairWorkers := min(want, runtime.NumCPU())
+	t.Pair = &MemcpyPeer{Workers: pairWorkers, Capacity: engines * s.Bytes, Available: s.Available}
 	t.Notes = append(t.Notes, fmt.Sprintf("memcpy peer: %d goroutines, as many as the service's copy workers, copying the same chunks between two host regions", workers))
-	if pairWorkers < 2*workers {
-		t.Notes = append(t.Notes, fmt.Sprintf("two-engine memcpy peer: %d goroutines, the machine's cores (twice the service's %d copy workers would be %d)",
-			pairWorkers, workers, 2*workers))
+	if pairWorkers < want {
+		t.Notes = append(t.Notes, fmt.Sprintf("%d-engine memcpy peer: %d goroutines, the machine's cores (%d times the service's %d copy workers would be %d): "+
+			"the machine's memcpy, which the service's copy workers, shared by every engine, cannot beat",
+			engines, pairWorkers, engines, workers, want))
 	} else {
-		t.Notes = append(t.Notes, fmt.Sprintf("two-engine memcpy peer: %d goroutines, twice the service's copy workers", pairWorkers))
+		t.Notes = append(t.Notes, fmt.Sprintf("%d-engine memcpy peer: %d goroutines, %d times the service's copy workers", engines, pairWorkers, engines))
 	}
 
 	switch {
@@ -169,6 +174,28 @@ func NodeTarget(s Scratch) (t Target, err error) {
 		}
 	}
 	return t, nil
+}
+
+// awaitReady waits for the service's arena to be warmed up, so that the timed
+// batches measure a service in its steady state: the warm-up populates the
+// arena in the background (MADV_POPULATE_WRITE, about 2 GB/s), and a profile of
+// a run that started at once showed a fifth of the process's CPU in it, on the
+// cores the copies needed. It allows a generous 50 MB/s (and 30 s) before it
+// gives up, so that a warm-up that cannot finish is an error, not a hang.
+func awaitReady(srv *node.Server, arenaBytes int64) (time.Duration, error) {
+	start := time.Now()
+	limit := 30*time.Second + time.Duration(arenaBytes/50e6)*time.Second
+	for {
+		st := srv.Stats().Start
+		if st.State == node.StateReady {
+			return time.Since(start), nil
+		}
+		if time.Since(start) > limit {
+			return 0, fmt.Errorf("the embedded node service's arena of %s is not warmed up after %s (%s: %.0f%% ready)",
+				formatBytes(arenaBytes), limit, st.Message, st.ReadyPercent)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // describeStat says why a path is not a socket.

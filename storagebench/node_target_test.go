@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -47,21 +48,22 @@ func checkNodeReport(t *testing.T, rep *Report, cfg Config) {
 		"cold_put_gbps": rep.ColdPutGBps, "cold_get_gbps": rep.ColdGetGBps,
 		"exists_p50_us": rep.ExistsP50us, "exists_p99_us": rep.ExistsP99us,
 	}
-	two := rep.TwoEngines
-	if two == nil {
-		t.Fatal("no two-engine figures")
+	two := rep.Engines
+	n := cfg.engines()
+	if two == nil || two.Engines != n {
+		t.Fatalf("engines phase %+v, want %d engines", two, n)
 	}
 	for k, v := range map[string]float64{"put_gbps": two.PutGBps, "get_gbps": two.GetGBps, "peer_put_gbps": two.PeerPutGBps,
 		"peer_get_gbps": two.PeerGetGBps, "put_ratio": two.PutRatio, "get_ratio": two.GetRatio} {
-		positive["two_engines."+k] = v
+		positive["engines."+k] = v
 	}
-	if len(two.EnginePutGBps) != 2 || len(two.EngineGetGBps) != 2 || len(two.PutBatchGBps) != cfg.Batches || len(two.GetBatchGBps) != cfg.Batches {
-		t.Fatalf("two engines: %d/%d per-engine and %d/%d per-batch figures", len(two.EnginePutGBps), len(two.EngineGetGBps),
+	if len(two.EnginePutGBps) != n || len(two.EngineGetGBps) != n || len(two.PutBatchGBps) != cfg.Batches || len(two.GetBatchGBps) != cfg.Batches {
+		t.Fatalf("%d engines: %d/%d per-engine and %d/%d per-batch figures", n, len(two.EnginePutGBps), len(two.EngineGetGBps),
 			len(two.PutBatchGBps), len(two.GetBatchGBps))
 	}
-	for i := range 2 {
-		positive["two_engines.engine_put_gbps"+string(rune('1'+i))] = two.EnginePutGBps[i]
-		positive["two_engines.engine_get_gbps"+string(rune('1'+i))] = two.EngineGetGBps[i]
+	for i := range n {
+		positive[fmt.Sprintf("engines.engine_put_gbps[%d]", i)] = two.EnginePutGBps[i]
+		positive[fmt.Sprintf("engines.engine_get_gbps[%d]", i)] = two.EngineGetGBps[i]
 	}
 	for name, v := range positive {
 		if !(v > 0) {
@@ -69,7 +71,11 @@ func checkNodeReport(t *testing.T, rep *Report, cfg Config) {
 		}
 	}
 	if rep.MismatchedPages != 0 || two.MismatchedPages != 0 {
-		t.Errorf("%d mismatched pages (%d with two engines)", rep.MismatchedPages, two.MismatchedPages)
+		t.Errorf("%d mismatched pages (%d with %d engines)", rep.MismatchedPages, two.MismatchedPages, n)
+	}
+	// An embedded service is measured once its arena is warmed up, and says so.
+	if warmed := strings.Contains(strings.Join(rep.Notes, "\n"), "arena warmed up"); warmed != (cfg.Socket == "") {
+		t.Errorf("socket %q, notes %q: the warm-up note should be there exactly for an embedded service", cfg.Socket, rep.Notes)
 	}
 	if rep.Backend != BackendNode || rep.HostAllocator != "shm" || rep.Stream != "" {
 		t.Errorf("backend %q, host allocator %q, stream %q", rep.Backend, rep.HostAllocator, rep.Stream)
@@ -85,7 +91,13 @@ func checkNodeReport(t *testing.T, rep *Report, cfg Config) {
 		t.Fatal(err)
 	}
 	t.Logf("table:\n%s", table.String())
-	for _, want := range []string{"backend", "node", "peer GB/s", "two engines", "engine 1", "engine 2", "cold batch", "mismatched pages: 0"} {
+	wants := []string{"backend", "node", "peer GB/s", fmt.Sprintf("%d engines", n), "cold batch", "mismatched pages: 0"}
+	if n == 2 {
+		wants = append(wants, "engine 1", "engine 2")
+	} else {
+		wants = append(wants, "engine min-max")
+	}
+	for _, want := range wants {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q", want)
 		}
@@ -98,7 +110,7 @@ func checkNodeReport(t *testing.T, rep *Report, cfg Config) {
 	if err := json.Unmarshal(data, &fields); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"two_engines", "cold_put_gbps", "cold_get_gbps", "peer_put_gbps", "exists_p99_us"} {
+	for _, k := range []string{"engines", "cold_put_gbps", "cold_get_gbps", "peer_put_gbps", "exists_p99_us"} {
 		if _, ok := fields[k]; !ok {
 			t.Errorf("JSON lacks %q", k)
 		}
@@ -132,6 +144,26 @@ func TestRunNodeEndToEnd(t *testing.T) {
 	}
 	if left := scratchLeft(t, cfg.Dir); len(left) != 0 {
 		t.Errorf("scratch left behind: %v", left)
+	}
+}
+
+// TestRunNodeEngines runs the phase of several engines at once with three and
+// four engines: each engine's figures, the aggregate against a peer of as many
+// goroutines as the machine gives, every page read back checked.
+func TestRunNodeEngines(t *testing.T) {
+	for _, n := range []int{3, 4} {
+		t.Run(fmt.Sprintf("engines=%d", n), func(t *testing.T) {
+			cfg := nodeConfig(t)
+			cfg.NoRedis, cfg.Engines = true, n
+			rep, err := Run(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkNodeReport(t, rep, cfg)
+			if !strings.Contains(strings.Join(rep.Notes, "\n"), fmt.Sprintf("%d-engine memcpy peer", n)) {
+				t.Errorf("notes do not describe the %d-engine peer: %q", n, rep.Notes)
+			}
+		})
 	}
 }
 

@@ -79,9 +79,9 @@ type Report struct {
 	// RedisBenchmark is Redis's C client on the same server, for node runs of
 	// objects up to 64 KiB when redis-benchmark is installed.
 	RedisBenchmark *RedisBenchmarkRef `json:"redis_benchmark,omitempty"`
-	// TwoEngines is the phase with two engines at once, for backends a node's
-	// engines share.
-	TwoEngines *TwoEngines `json:"two_engines,omitempty"`
+	// Engines is the phase with several engines at once (two unless
+	// Config.Engines), for backends a node's engines share.
+	Engines *ManyEngines `json:"engines,omitempty"`
 	// ExistsCalls Exists calls of ExistsKeys keys each, all present: latency percentiles.
 	ExistsCalls int     `json:"exists_calls"`
 	ExistsKeys  int     `json:"exists_keys"`
@@ -129,8 +129,8 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if r.Redis != "" {
 		fmt.Fprintf(tw, "redis\t%s\n", r.Redis)
 	}
-	if r.TwoEngines != nil {
-		fmt.Fprintf(tw, "two engines\t2 clients at once, own host pools and keys; peer %s\n", r.TwoEngines.Peer)
+	if t := r.Engines; t != nil {
+		fmt.Fprintf(tw, "%d engines\t%d clients at once, own host pools and keys; peer %s\n", t.Engines, t.Engines, t.Peer)
 	}
 	if r.ColdPutGBps > 0 || r.ColdGetGBps > 0 {
 		fmt.Fprintf(tw, "cold batch\tput %s GB/s, get %s GB/s (untimed warm-up: first touch of the host pool's pages by the service)\n",
@@ -170,20 +170,31 @@ func (r *Report) WriteTable(w io.Writer) error {
 	_ = tw.Flush()
 	writeRows(&buf, table.Bytes(), "", "put", "get")
 	buf.WriteByte('\n')
-	if t := r.TwoEngines; t != nil {
+	if t := r.Engines; t != nil {
 		table.Reset()
 		tw = tabwriter.NewWriter(&table, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "GB/s\tbatch min-max\tengine 1\tengine 2\tpeer GB/s\tratio (min-max)\t")
+		// Two engines show each one's figure; more show the slowest and fastest.
+		head := "GB/s\tbatch min-max\tengine 1\tengine 2\tpeer GB/s\tratio (min-max)\t"
+		if t.Engines > 2 {
+			head = "GB/s\tbatch min-max\tengine min-max\tpeer GB/s\tratio (min-max)\t"
+		}
+		fmt.Fprintln(tw, head)
 		row := func(gbps float64, batches, engines []float64, peer float64, ratio *RatioSpread) {
-			e := []float64{0, 0}
-			copy(e, engines)
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", formatGBps(gbps), formatSpread(batches), formatGBps(e[0]), formatGBps(e[1]),
+			var each string
+			if t.Engines > 2 {
+				each = formatSpread(engines)
+			} else {
+				e := []float64{0, 0}
+				copy(e, engines)
+				each = formatGBps(e[0]) + "\t" + formatGBps(e[1])
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", formatGBps(gbps), formatSpread(batches), each,
 				formatGBps(peer), formatRatioSpread(ratio))
 		}
 		row(t.PutGBps, t.PutBatchGBps, t.EnginePutGBps, t.PeerPutGBps, orMedian(t.PutRatioBatches, t.PutRatio))
 		row(t.GetGBps, t.GetBatchGBps, t.EngineGetGBps, t.PeerGetGBps, orMedian(t.GetRatioBatches, t.GetRatio))
 		_ = tw.Flush()
-		writeRows(&buf, table.Bytes(), "two engines", "put", "get")
+		writeRows(&buf, table.Bytes(), fmt.Sprintf("%d engines", t.Engines), "put", "get")
 		buf.WriteByte('\n')
 	}
 	if rb := r.RedisBenchmark; rb != nil {

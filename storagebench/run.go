@@ -25,7 +25,8 @@ import (
 // peers (and Redis, for a target that has it) on the same host memory, the
 // batches interleaved and their order rotated so that drift of the device over the
 // run falls on every contender alike. Then it times Exists. For a target with a
-// Pair peer it then runs the put and get phases again with two engines at once.
+// Pair peer it then runs the put and get phases again with Config.Engines
+// engines at once.
 // A page that fails Put or Get fails the run; a page that comes back with other
 // bytes is counted in MismatchedPages.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
@@ -136,7 +137,7 @@ func (r *run) available() func() (int64, error) {
 
 func (r *run) run(ctx context.Context, newTarget TargetFunc) error {
 	var err error
-	r.target, err = newTarget(Scratch{Dir: r.scratch, Bytes: r.rep.Bytes, BatchBytes: r.batchBytes(), ObjectBytes: r.shape.PartBytes(), Socket: r.cfg.Socket,
+	r.target, err = newTarget(Scratch{Dir: r.scratch, Bytes: r.rep.Bytes, BatchBytes: r.batchBytes(), ObjectBytes: r.shape.PartBytes(), Engines: r.cfg.engines(), Socket: r.cfg.Socket,
 		NoRedis: r.cfg.NoRedis, Redis: r.cfg.Redis, RedisCluster: r.cfg.RedisCluster, Keep: r.cfg.Keep,
 		Available: r.available(), Progress: r.progress})
 	if err != nil {
@@ -188,13 +189,13 @@ func (r *run) run(ctx context.Context, newTarget TargetFunc) error {
 		return err
 	}
 	r.describePeers()
-	// The one-engine peers (and Redis) give their memory back before two engines
+	// The one-engine peers (and Redis) give their memory back before the engines
 	// need theirs.
 	if err := r.closePeers(); err != nil {
 		return err
 	}
 	if r.target.Pair != nil {
-		if err := r.pairPhase(ctx); err != nil {
+		if err := r.enginesPhase(ctx); err != nil {
 			return err
 		}
 	}
@@ -804,7 +805,7 @@ func (r *run) finishReport() {
 	rep.GetRatio = medianOr(rep.GetRatioBatches, ratio(rep.GetGBps, rep.PeerGetGBps))
 	rep.PutVsRedis = medianOr(rep.PutVsRedisBatches, ratio(rep.PutGBps, rep.RedisPutGBps))
 	rep.GetVsRedis = medianOr(rep.GetVsRedisBatches, ratio(rep.GetGBps, rep.RedisGetGBps))
-	if t := rep.TwoEngines; t != nil {
+	if t := rep.Engines; t != nil {
 		t.PutRatio = medianOr(t.PutRatioBatches, ratio(t.PutGBps, t.PeerPutGBps))
 		t.GetRatio = medianOr(t.GetRatioBatches, ratio(t.GetGBps, t.PeerGetGBps))
 	}

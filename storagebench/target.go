@@ -54,9 +54,10 @@ type Target struct {
 	// names (a NamedPeer), timed on the same batches beside the backend and Peer:
 	// the service an engine would otherwise use.
 	Redis Peer
-	// Pair, when set, adds a phase in which two backends opened with New run at
-	// once, each with its own host pool and keys, as two engines on a node would;
-	// Pair is their limit: the same bytes of both engines moved at once.
+	// Pair, when set, adds a phase in which Scratch.Engines backends opened with
+	// New run at once, each with its own host pool and keys, as the engines on a
+	// node would; Pair is their limit: the same bytes of every engine moved at
+	// once.
 	Pair Peer
 	// Warm makes each engine's host pool hold one batch of sources, refilled before
 	// each batch as an engine reuses its pool, and one of destinations, and puts and
@@ -106,6 +107,8 @@ type Scratch struct {
 	// ObjectBytes is the size of one object (one part of a page): a store that
 	// rounds each object up to a grain sizes itself by the count of objects too.
 	ObjectBytes int64
+	// Engines is how many engines the phase of engines at once runs (Config.Engines).
+	Engines int
 	// Socket is Config.Socket: a running node service, or "" to start one.
 	Socket string
 	// NoRedis is Config.NoRedis: do not measure a Redis server beside the backend.

@@ -15,8 +15,8 @@ import (
 // batches of pages through an L3 backend and prints each direction beside the
 // physical limit of the same job measured in the same run: for the file backend
 // the disk's own figure, for the node service a plain memcpy of the same bytes
-// (and a Redis server on loopback storing the same objects, and two engines at
-// once).
+// (and a Redis server on loopback storing the same objects, and two or
+// --engines engines at once).
 func runTiers(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	def := storagebench.DefaultConfig()
 	fs := newFlagSet("bench tiers", stdout)
@@ -34,6 +34,8 @@ func runTiers(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	objectBytes := fs.Int64("object-bytes", 0, fmt.Sprintf("measure small objects instead of pages: pages of two objects of this many bytes (a multiple of %d, %d to %d), "+
 		"e.g. 1024 with --batches 200 for per-object costs against Redis", storagebench.MinObjectBytes, storagebench.MinObjectBytes, storagebench.MaxObjectBytes))
 	small := fs.Bool("small", false, "quick smoke run: the small page shape (same as --geometry "+storagebench.ShapeSmall+")")
+	engines := fs.Int("engines", def.Engines, fmt.Sprintf("node backend: engines (clients with host pools of their own) that put and get at once in the last phase, 2 to %d, "+
+		"against a memcpy of as many goroutines as they have copy workers (at most the machine's cores)", storagebench.MaxEngines))
 	exists := fs.Int("exists-calls", def.ExistsCalls, "exists calls timed for the lookup latency")
 	seed := fs.Uint64("seed", def.Seed, "seed of the tokens and page contents")
 	jsonPath := fs.String("json", "", "write the report as JSON to this file")
@@ -44,10 +46,13 @@ func runTiers(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg.Backend, cfg.Dir, cfg.Keep = *backend, *dir, *keep
 	cfg.Batches, cfg.PagesPerBatch, cfg.ExistsCalls, cfg.Seed = *batches, *perBatch, *exists, *seed
 	cfg.Shape, cfg.ObjectBytes = *geometry, *objectBytes
-	cfg.Socket, cfg.NoRedis = *socket, *noRedis
+	cfg.Socket, cfg.NoRedis, cfg.Engines = *socket, *noRedis, *engines
 	cfg.Redis, cfg.RedisCluster = splitList(*redisAddrs), *redisCluster
 	if cfg.Socket != "" && cfg.Backend != storagebench.BackendNode {
 		return usagef("--socket is for --backend %s", storagebench.BackendNode)
+	}
+	if flagSet(fs, "engines") && cfg.Backend != storagebench.BackendNode {
+		return usagef("--engines is for --backend %s", storagebench.BackendNode)
 	}
 	if *small {
 		if flagSet(fs, "object-bytes") {
@@ -125,6 +130,7 @@ func tiersFlagError(err error) error {
 		{"pages per batch", "--pages-per-batch"},
 		{"batches", "--batches"},
 		{"exists calls", "--exists-calls"},
+		{"engines at once", "--engines"},
 	} {
 		if strings.Contains(msg, f.frag) {
 			return fmt.Errorf("%s: %w", f.flag, err)

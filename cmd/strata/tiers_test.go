@@ -90,6 +90,9 @@ func TestBenchTiersBadFlagsExitTwo(t *testing.T) {
 		{[]string{"extra"}, "unexpected argument"},
 		{[]string{"--dir", filepath.Join(dir, "missing")}, "--dir"},
 		{[]string{"--socket", filepath.Join(dir, "node.sock")}, "--socket is for --backend node"},
+		{[]string{"--engines", "4"}, "--engines is for --backend node"},
+		{[]string{"--backend", "node", "--engines", "1"}, "--engines: 1 engines at once: want 2 to 64"},
+		{[]string{"--backend", "node", "--engines", "65"}, "--engines: 65 engines at once"},
 	} {
 		code, out, errs := runCLI(t, "", append([]string{"bench", "tiers"}, c.args...)...)
 		if code != 2 || out != "" || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, c.msg) {
@@ -129,7 +132,7 @@ func TestBenchTiersNodeSmallRun(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("bench tiers --backend node: exit %d, stderr %q", code, errs)
 	}
-	for _, want := range []string{"node (embedded service", "memcpy, 2 goroutines", "two engines", "engine 2", "cold batch",
+	for _, want := range []string{"node (embedded service", "memcpy, 2 goroutines", "2 engines", "engine 2", "cold batch",
 		"exists of 8 keys", "mismatched pages: 0", "redis: skipped (--no-redis)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
@@ -149,29 +152,30 @@ func TestBenchTiersNodeSmallRun(t *testing.T) {
 		ExistsP50us     float64 `json:"exists_p50_us"`
 		ExistsP99us     float64 `json:"exists_p99_us"`
 		MismatchedPages *int64  `json:"mismatched_pages"`
-		TwoEngines      *struct {
+		Engines         *struct {
+			Engines       int       `json:"engines"`
 			PutGBps       float64   `json:"put_gbps"`
 			GetGBps       float64   `json:"get_gbps"`
 			EnginePutGBps []float64 `json:"engine_put_gbps"`
 			PutRatio      float64   `json:"put_ratio"`
 			GetRatio      float64   `json:"get_ratio"`
-		} `json:"two_engines"`
+		} `json:"engines"`
 	}
 	if err := json.Unmarshal(data, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if rep.Backend != "node" || rep.Shape != "small" || rep.MismatchedPages == nil || *rep.MismatchedPages != 0 || rep.TwoEngines == nil {
+	if rep.Backend != "node" || rep.Shape != "small" || rep.MismatchedPages == nil || *rep.MismatchedPages != 0 || rep.Engines == nil {
 		t.Fatalf("report %s", data)
 	}
 	for name, v := range map[string]float64{"put_gbps": rep.PutGBps, "get_gbps": rep.GetGBps, "put_ratio": rep.PutRatio,
 		"get_ratio": rep.GetRatio, "exists_p50_us": rep.ExistsP50us, "exists_p99_us": rep.ExistsP99us,
-		"two_engines.put_gbps": rep.TwoEngines.PutGBps, "two_engines.get_gbps": rep.TwoEngines.GetGBps,
-		"two_engines.put_ratio": rep.TwoEngines.PutRatio, "two_engines.get_ratio": rep.TwoEngines.GetRatio} {
+		"engines.put_gbps": rep.Engines.PutGBps, "engines.get_gbps": rep.Engines.GetGBps,
+		"engines.put_ratio": rep.Engines.PutRatio, "engines.get_ratio": rep.Engines.GetRatio} {
 		if !(v > 0) {
 			t.Errorf("%s = %v, want positive", name, v)
 		}
 	}
-	if len(rep.TwoEngines.EnginePutGBps) != 2 {
-		t.Errorf("per-engine put figures %v", rep.TwoEngines.EnginePutGBps)
+	if rep.Engines.Engines != 2 || len(rep.Engines.EnginePutGBps) != 2 {
+		t.Errorf("per-engine put figures %v", rep.Engines.EnginePutGBps)
 	}
 }

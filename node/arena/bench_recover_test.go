@@ -14,22 +14,31 @@ import (
 //
 //	go test -run '^$' -bench Recovery -benchtime 3x ./node/arena
 //
+// The small objects' case holds 1M of them, or the counts of
+// STRATA_BENCH_OBJECTS (bench_scale_test.go), in an arena of 537 bytes each.
+//
 // index-ms is New alone (the allocator rebuilt from the unit map: then the
 // arena serves), recover-ms the whole recovery, ms/GiB and ms/Mobjects the
 // latter per GiB of objects and per million objects, and check-ms the part
 // of it that only verifies the slots' check words (what re-attaching an index
 // kept in the file would still have to do on a file it cannot trust).
 func BenchmarkRecovery(b *testing.B) {
-	for _, c := range []struct {
+	type recoveryCase struct {
 		name  string
 		arena int64
 		n     int
 		size  func(i int) int
-	}{
-		{"small-1M", 512 << 20, 1_000_000, func(i int) int { return int(smallSize(i)) }},
-		{"64KiB-1GiB", 1<<30 + 16<<20, 16384, func(int) int { return 64 << 10 }},
-		{"2MiB-1GiB", 1<<30 + 16<<20, 512, func(int) int { return 2 << 20 }},
-	} {
+	}
+	var cases []recoveryCase
+	for _, n := range objectCounts(b, 1_000_000) {
+		// 512 MiB held 1M of them: slabs of 64-256 B values and their trailers.
+		cases = append(cases, recoveryCase{"small-" + countName(n), roundUp(int64(n)*537, 1<<20), n, func(i int) int { return int(smallSize(i)) }})
+	}
+	cases = append(cases,
+		recoveryCase{"64KiB-1GiB", 1<<30 + 16<<20, 16384, func(int) int { return 64 << 10 }},
+		recoveryCase{"2MiB-1GiB", 1<<30 + 16<<20, 512, func(int) int { return 2 << 20 }},
+	)
+	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			path := filepath.Join(shmDir(b), "a")
 			cfg := fileConfig(b, path, c.arena)

@@ -1,7 +1,6 @@
 package arena
 
 import (
-	"fmt"
 	"log/slog"
 	"runtime"
 	"strconv"
@@ -59,9 +58,10 @@ func rssBytes(b *testing.B) int64 {
 	return n
 }
 
-// BenchmarkObjectMemory stores 1M and 10M small objects and states what each
-// costs the service beyond its own bytes, and what a garbage collection costs
-// with them held:
+// BenchmarkObjectMemory stores 1M and 10M small objects (or the counts of
+// STRATA_BENCH_OBJECTS, see bench_scale_test.go) and states what each costs the
+// service beyond its own bytes, and what a garbage collection costs with them
+// held:
 //
 //	go test -run '^$' -bench ObjectMemory -benchtime 1x ./node/arena
 //
@@ -71,8 +71,8 @@ func rssBytes(b *testing.B) int64 {
 // object; gc-ms the wall time of a runtime.GC() with the objects held and
 // gcCPU-ms the collector's CPU time in it. One op stores every object.
 func BenchmarkObjectMemory(b *testing.B) {
-	for _, n := range []int{1_000_000, 10_000_000} {
-		b.Run(fmt.Sprintf("objects=%dM", n/1_000_000), func(b *testing.B) {
+	for _, n := range objectCounts(b, 1_000_000, 10_000_000) {
+		b.Run("objects="+countName(n), func(b *testing.B) {
 			for b.Loop() {
 				b.StopTimer()
 				heap0, rss0 := memstat.HeapInuse(), rssBytes(b)
@@ -80,17 +80,7 @@ func BenchmarkObjectMemory(b *testing.B) {
 				// Room for every object rounded up to 4 KiB: the arena is sparse,
 				// so only what the objects touch costs memory.
 				a := sparseArena(b, int64(n)*4096)
-				buf := make([]byte, 0, 80)
-				for i := range n {
-					k := string(smallKey(buf, i))
-					p, err := a.Reserve(k, 1, smallSize(i))
-					if err != nil {
-						b.Fatal(err)
-					}
-					if err := p.Commit(); err != nil {
-						b.Fatal(err)
-					}
-				}
+				fillSmall(b, a, n)
 				b.StopTimer()
 				heap1, rss1 := memstat.HeapInuse(), rssBytes(b)
 				gc0 := memstat.GCCPUSeconds()

@@ -316,22 +316,40 @@ func (s *Store) Put(ctx context.Context, poolName string, keys []pagekey.Key, pa
 		return err
 	})
 	if s.cfg.Sync {
-		synced := map[string]error{}
-		for i, sub := range dirty {
-			if sub == "" || errs[i] != nil {
-				continue
-			}
-			err, done := synced[sub]
-			if !done {
-				if err = syncDir(sub); err != nil {
-					err = ioError("sync directory", sub, err)
-				}
-				synced[sub] = err
-			}
-			errs[i] = err
-		}
+		s.syncDirs(ctx, dirty, errs)
 	}
 	return s.perKey(errs, len(keys), ps.parts)
+}
+
+// syncDirs makes the renames of a put durable: each subdirectory in dirty
+// (that of a part written without error) is fsynced once, and the part's error
+// becomes that sync's. The syncs run on the I/O workers at once: one at a time,
+// a batch of 128 random keys syncs about 100 subdirectories in a row, each a
+// journal commit, which cost a fifth of the put's time; at once, the file
+// system commits them together.
+func (s *Store) syncDirs(ctx context.Context, dirty []string, errs []error) {
+	at := map[string]int{}
+	var subs []string
+	for i, sub := range dirty {
+		if sub == "" || errs[i] != nil {
+			continue
+		}
+		if _, ok := at[sub]; !ok {
+			at[sub] = len(subs)
+			subs = append(subs, sub)
+		}
+	}
+	synced := s.parallel(ctx, "put", len(subs), func(i int, _ *ioBuf) error {
+		if err := syncDir(subs[i]); err != nil {
+			return ioError("sync directory", subs[i], err)
+		}
+		return nil
+	})
+	for i, sub := range dirty {
+		if sub != "" && errs[i] == nil {
+			errs[i] = synced[at[sub]]
+		}
+	}
 }
 
 // Close makes later calls fail with storage.ErrClosed and waits for the calls in
