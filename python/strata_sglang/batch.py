@@ -296,11 +296,24 @@ def encode(
     mask = torch.cat(
         [head_m, name_m, torch.ones(n, len(fmt_field), dtype=torch.bool), rng_m.view(n, -1)], 1
     )
-    flat = torch.masked_select(rows, mask)
-    out = bytearray(flat.numel())
-    if out:
-        torch.frombuffer(out, dtype=_U8).copy_(flat)
-    return bytes(out), 1 + hn[:, 0] + item_len
+    return select(rows, mask), 1 + hn[:, 0] + item_len
+
+
+def select(rows: torch.Tensor, mask: torch.Tensor) -> bytes:
+    """The bytes of rows where mask is set, row by row, as bytes.
+
+    numpy's boolean indexing is 3-4x torch 1.13's masked_select here (4 ms of
+    an MLA batch's 5 ms of encoding was masked_select: 512 one-token pages of 61
+    ranges are 0.5M candidate bytes), and tobytes is the one copy into the
+    body. torch wheels may come without numpy: masked_select then."""
+    try:
+        return rows.numpy()[mask.numpy()].tobytes()
+    except (ImportError, RuntimeError, TypeError):
+        flat = torch.masked_select(rows, mask)
+        out = bytearray(flat.numel())
+        if out:
+            torch.frombuffer(out, dtype=_U8).copy_(flat)
+        return bytes(out)
 
 
 def split(
