@@ -40,7 +40,7 @@ func (p smallPages) pool() uint64 {
 // layout fills in stride and partBytes for a pool of 2*pages slots.
 func (p smallPages) layout() smallPages {
 	slots := uint64(2 * p.pages)
-	p.stride = slots * p.rangeBytes   // layer_first: layer l of every slot, then l+1
+	p.stride = slots * p.rangeBytes    // layer_first: layer l of every slot, then l+1
 	p.partBytes = slots * p.rangeBytes // page_first: all K, then all V
 	if p.ranges > 1 {
 		p.partBytes = 0

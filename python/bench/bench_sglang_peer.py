@@ -142,7 +142,7 @@ class Memcpy2:
     def halves(runs):
         """Split [(ptr, n)] into two lists of (ptr, buffer offset, n) of equal bytes."""
         total = sum(n for _, n in runs)
-        half, out, cur, off = total // 2, [[], []], 0, 0
+        half, out, off = total // 2, [[], []], 0
         for ptr, n in runs:
             while n:
                 side = 0 if off < half else 1
