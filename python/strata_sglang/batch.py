@@ -76,6 +76,14 @@ def varints(x: torch.Tensor, w: int = 0) -> Tuple[torch.Tensor, torch.Tensor, to
     dimension of w; mask marks the count bytes each varint really has.
     """
     w = w or width(x)
+    if x.dim() and x.numel() > 64:
+        first = x.reshape(-1)[:1]
+        if bool((x == first).all()):
+            # One value throughout (a batch's segment, or its range length):
+            # one varint, broadcast, instead of shifting every element.
+            b, m, c = varints(first, w)
+            shape = x.shape + (w,)
+            return b.expand(shape), m.expand(shape), c.expand(x.shape)
     if w == 1:
         ones = torch.ones(x.shape + (1,), dtype=torch.bool)
         return x.to(_U8).unsqueeze(-1), ones, torch.ones_like(x)
