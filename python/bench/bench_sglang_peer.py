@@ -368,10 +368,14 @@ def main(argv=None):
         "--disk-dir", default="/var/tmp", help="where HiCacheFile's disk directory goes"
     )
     ap.add_argument("--no-disk", action="store_true", help="HiCacheFile on tmpfs only")
-    ap.add_argument("--arena", default="2GiB")
+    ap.add_argument("--arena", default="1GiB")
     ap.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--strata", help="a strata binary (default: go build ./cmd/strata)")
     ap.add_argument("--sglang", default=os.path.join(REPO, "..", "shared", "sglang"))
+    ap.add_argument(
+        "--plugin",
+        help="the python/ folder to import strata_sglang from (another checkout's, for A/B)",
+    )
     ap.add_argument("--json", help="write every round's figures to this file")
     args = ap.parse_args(argv)
     args.mha, args.mla = parse_geom(args.mha, 3), parse_geom(args.mla, 3)
@@ -393,6 +397,9 @@ def main(argv=None):
     torch.set_num_threads(args.torch_threads)
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
     import harness
+
+    if args.plugin:
+        sys.path.insert(0, os.path.abspath(args.plugin))
     from strata_sglang.client import Connection, StrataError
     from strata_sglang.storage import StrataStorage
     import sglang.srt.mem_cache.pool_host.base as host_base
@@ -446,6 +453,7 @@ def main(argv=None):
             MHAHost=MHATokenToKVPoolHost,
             MLAHost=MLATokenToKVPoolHost,
         )
+        print(f"plugin {os.path.dirname(importlib.import_module('strata_sglang').__file__)}")
         print(
             f"CPU {cpu_name()}, {os.cpu_count()} CPUs, load average at start {start_load}; "
             f"HiCacheFile on {tmpfs_dir} (tmpfs) and {disk_dir}; {args.rounds} rounds, "
