@@ -207,10 +207,20 @@ class _Pool:
             got = batch.meta_pointers(self.host, host_indices, n)
         return got
 
-    def item_names(self, keys: List[str], pages: List[int]) -> List[bytes]:
-        """The object names of the parts of keys[p] for p in pages, in order."""
+    def item_names(self, keys: List[str], pages: List[int]):
+        """The object names of the parts of keys[p] for p in pages, in order:
+        the rows of a byte matrix (batch.name_rows) when the keys are of one
+        length, as SGLang's page hashes are, else a list of bytes."""
+        picked = keys if len(pages) == len(keys) else [keys[p] for p in pages]
+        rows = batch.name_rows(self.prefix_b, picked, self.suffixes_b)
+        if rows is not None:
+            return rows
+        return self.name_list(picked)
+
+    def name_list(self, keys: List[str]) -> List[bytes]:
+        """The object names of the parts of each key, in order, as bytes."""
         pre, sfx = self.prefix_b, self.suffixes_b
-        return [pre + keys[p].encode() + x for p in pages for x in sfx]
+        return [pre + k.encode() + x for k in keys for x in sfx]
 
     def exists_body(self, keys: List[str]) -> bytes:
         """An Exists body naming every part of each (valid) key, and the format."""
@@ -226,7 +236,7 @@ class _Pool:
             text = lead + lead.join([k.join(tmpl) for k in keys])
             return text.encode("latin-1") + self.fmt_field
         varint = wire.varint
-        names = [n for k in keys for n in self.item_names([k], [0])]
+        names = self.name_list(keys)
         return b"".join(b"\x0a" + varint(len(n)) + n for n in names) + self.fmt_field
 
 

@@ -30,11 +30,11 @@ def test_memcpy_peer_halves_cover_every_byte_once():
     assert pieces == [(1000, 0, 9), (1009, 9, 1), (5000, 10, 7), (9000, 17, 1)]
 
 
-def test_page_runs_merge_adjacent_pages(sglang):
+def test_page_runs_merge_adjacent_pages(sglang, monkeypatch):
     import torch
     import harness
 
-    harness.PAGE = 1
+    monkeypatch.setattr(harness, "PAGE", 1)  # the other tests' pools keep theirs
     host = harness.host_pool("mla", "layer_first", layers=3, lora=16, rope=8)
     runs = bench_sglang_peer.page_runs(host, torch.arange(0, 8))
     # Eight one-token pages of three layers: one run per layer.
