@@ -241,8 +241,8 @@ def name_rows(prefix: bytes, keys: List[str], suffixes: List[bytes]) -> Optional
     turn, as the rows of a byte matrix (what encode takes instead of a list);
     None unless every key is ASCII of one length and every suffix of one length.
 
-    Concatenating 1024 names for a batch of 512 one-token MHA pages was 0.7 ms,
-    the largest part of planning it; this is a few torch calls."""
+    For a batch of 512 one-token MHA pages (1024 names) this and the encoding
+    that takes it cost 0.43 ms of CPU where the list and its join cost 0.52."""
     if not keys or len(set(map(len, suffixes))) != 1 or len(set(map(len, keys))) != 1:
         return None
     blob = "".join(keys)
