@@ -76,6 +76,14 @@ def varints(x: torch.Tensor, w: int = 0) -> Tuple[torch.Tensor, torch.Tensor, to
     dimension of w; mask marks the count bytes each varint really has.
     """
     w = w or width(x)
+    if x.dim() and x.numel() > 64:
+        first = x.reshape(-1)[:1]
+        if bool((x == first).all()):
+            # One value throughout (a batch's segment, or its range length):
+            # one varint, broadcast, instead of shifting every element.
+            b, m, c = varints(first, w)
+            shape = x.shape + (w,)
+            return b.expand(shape), m.expand(shape), c.expand(x.shape)
     if w == 1:
         ones = torch.ones(x.shape + (1,), dtype=torch.bool)
         return x.to(_U8).unsqueeze(-1), ones, torch.ones_like(x)
@@ -228,8 +236,44 @@ def plan_pages(
     return seg, off, length, keep, good
 
 
+def name_rows(prefix: bytes, keys: List[str], suffixes: List[bytes]) -> Optional[torch.Tensor]:
+    """The object names prefix + key + suffix, for each key and each suffix in
+    turn, as the rows of a byte matrix (what encode takes instead of a list);
+    None unless every key is ASCII of one length and every suffix of one length.
+
+    For a batch of 512 one-token MHA pages (1024 names) this and the encoding
+    that takes it cost 0.43 ms of CPU where the list and its join cost 0.52."""
+    if not keys or len(set(map(len, suffixes))) != 1 or len(set(map(len, keys))) != 1:
+        return None
+    blob = "".join(keys)
+    if not blob or not blob.isascii():
+        return None
+    m, parts, klen = len(keys), len(suffixes), len(keys[0])
+    key_b = torch.frombuffer(bytearray(blob.encode("ascii")), dtype=_U8).view(m, 1, klen)
+    pre = torch.tensor(list(prefix), dtype=_U8).view(1, 1, -1)
+    sfx = torch.tensor([list(x) for x in suffixes], dtype=_U8).view(1, parts, -1)
+    rows = torch.cat(
+        [pre.expand(m, parts, -1), key_b.expand(m, parts, klen), sfx.expand(m, -1, -1)], 2
+    )
+    return rows.reshape(m * parts, -1)
+
+
+def _name_matrix(names: List[bytes], n: int):
+    """A list of n names as (bytes (n, width), mask of the bytes each has, lengths)."""
+    widths = [len(x) for x in names]
+    w = max(widths)
+    if min(widths) == w:
+        name_b = torch.frombuffer(bytearray(b"".join(names)), dtype=_U8).view(n, w)
+        name_m = torch.ones(n, w, dtype=torch.bool)
+    else:
+        blob = bytearray(b"".join(x.ljust(w, b"\0") for x in names))
+        name_b = torch.frombuffer(blob, dtype=_U8).view(n, w)
+        name_m = torch.arange(w) < torch.tensor(widths, dtype=_I64).unsqueeze(1)
+    return name_b, name_m, torch.tensor(widths, dtype=_I64)
+
+
 def encode(
-    names: List[bytes],
+    names,
     fmt_field: bytes,
     sid: torch.Tensor,
     off: torch.Tensor,
@@ -240,18 +284,18 @@ def encode(
     keep[i, r]; fmt_field is the encoded format field, the same for all.
     Returns the body (the items, each a Put/Get "items" field) and each item's
     encoded size. Each item is a row of a byte matrix, each field a column
-    slot; the mask drops the bytes a row does not have."""
+    slot; the mask drops the bytes a row does not have. names is a list of
+    bytes, or the (N, width) uint8 matrix of N names of one width (name_rows)."""
     n, r = sid.shape
-    widths = [len(x) for x in names]
-    w = max(widths)
-    if min(widths) == w:
-        name_b = torch.frombuffer(bytearray(b"".join(names)), dtype=_U8).view(n, w)
+    if isinstance(names, torch.Tensor):
+        if names.dim() != 2 or names.shape[0] != n or names.shape[1] == 0:
+            raise ValueError(f"names of shape {tuple(names.shape)} for {n} items")
+        w = names.shape[1]
+        name_b = names
         name_m = torch.ones(n, w, dtype=torch.bool)
+        name_len = torch.full((n,), w, dtype=_I64)
     else:
-        blob = bytearray(b"".join(x.ljust(w, b"\0") for x in names))
-        name_b = torch.frombuffer(blob, dtype=_U8).view(n, w)
-        name_m = torch.arange(w) < torch.tensor(widths, dtype=_I64).unsqueeze(1)
-    name_len = torch.tensor(widths, dtype=_I64)
+        name_b, name_m, name_len = _name_matrix(names, n)
 
     # Ranges, each (n, r, bytes): tag, length byte, then the segment, offset
     # and length fields, each a tag and a varint; proto3 leaves zero fields out
@@ -296,11 +340,24 @@ def encode(
     mask = torch.cat(
         [head_m, name_m, torch.ones(n, len(fmt_field), dtype=torch.bool), rng_m.view(n, -1)], 1
     )
-    flat = torch.masked_select(rows, mask)
-    out = bytearray(flat.numel())
-    if out:
-        torch.frombuffer(out, dtype=_U8).copy_(flat)
-    return bytes(out), 1 + hn[:, 0] + item_len
+    return select(rows, mask), 1 + hn[:, 0] + item_len
+
+
+def select(rows: torch.Tensor, mask: torch.Tensor) -> bytes:
+    """The bytes of rows where mask is set, row by row, as bytes.
+
+    numpy's boolean indexing is 3-4x torch 1.13's masked_select here (4 ms of
+    an MLA batch's 5 ms of encoding was masked_select: 512 one-token pages of 61
+    ranges are 0.5M candidate bytes), and tobytes is the one copy into the
+    body. torch wheels may come without numpy: masked_select then."""
+    try:
+        return rows.numpy()[mask.numpy()].tobytes()
+    except (ImportError, RuntimeError, TypeError):
+        flat = torch.masked_select(rows, mask)
+        out = bytearray(flat.numel())
+        if out:
+            torch.frombuffer(out, dtype=_U8).copy_(flat)
+        return bytes(out)
 
 
 def split(

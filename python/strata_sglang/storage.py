@@ -17,6 +17,7 @@ reconnects and registers its pools again by itself.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import hashlib
 import logging
@@ -206,10 +207,20 @@ class _Pool:
             got = batch.meta_pointers(self.host, host_indices, n)
         return got
 
-    def item_names(self, keys: List[str], pages: List[int]) -> List[bytes]:
-        """The object names of the parts of keys[p] for p in pages, in order."""
+    def item_names(self, keys: List[str], pages: List[int]):
+        """The object names of the parts of keys[p] for p in pages, in order:
+        the rows of a byte matrix (batch.name_rows) when the keys are of one
+        length, as SGLang's page hashes are, else a list of bytes."""
+        picked = keys if len(pages) == len(keys) else [keys[p] for p in pages]
+        rows = batch.name_rows(self.prefix_b, picked, self.suffixes_b)
+        if rows is not None:
+            return rows
+        return self.name_list(picked)
+
+    def name_list(self, keys: List[str]) -> List[bytes]:
+        """The object names of the parts of each key, in order, as bytes."""
         pre, sfx = self.prefix_b, self.suffixes_b
-        return [pre + keys[p].encode() + x for p in pages for x in sfx]
+        return [pre + k.encode() + x for k in keys for x in sfx]
 
     def exists_body(self, keys: List[str]) -> bytes:
         """An Exists body naming every part of each (valid) key, and the format."""
@@ -225,7 +236,7 @@ class _Pool:
             text = lead + lead.join([k.join(tmpl) for k in keys])
             return text.encode("latin-1") + self.fmt_field
         varint = wire.varint
-        names = [n for k in keys for n in self.item_names([k], [0])]
+        names = self.name_list(keys)
         return b"".join(b"\x0a" + varint(len(n)) + n for n in names) + self.fmt_field
 
 
@@ -527,18 +538,29 @@ class StrataStorage(HiCacheStorage):
                     seg_index[id(seg)] = len(segs)
                     segs.append(seg)
         conn, ids = self.client.resolve(segs)
-        bodies, sizes, owner, lengths = [], [], [], []
+        bodies, sizes, lengths = [], [], []
+        owners = []  # (first item, job, the page of each of its items)
         for j, pool, pages, names, seg, off, length, keep in plans:
             seg_ids = torch.tensor(
                 [ids[seg_index[id(x)]] for _, _, x in pool.segs], dtype=torch.int64
             )
             enc = batch.encode_pages(names, pages, pool.fmt_field, seg_ids, seg, off, length, keep)
             bodies.append(enc.body)
+            owners.append((len(sizes), j, enc.pages))
             sizes += enc.sizes
-            owner += [(j, p) for p in enc.pages]
             lengths += enc.lengths
-            for p in pages:
-                out[j][p] = True  # until one of its parts fails
+            # Every planned page is True until one of its parts fails.
+            if len(pages) == len(out[j]):
+                out[j] = [True] * len(pages)
+            else:
+                for p in pages:
+                    out[j][p] = True
+        starts = [o[0] for o in owners]
+
+        def owner(k):
+            first, j, page_of = owners[bisect.bisect_right(starts, k) - 1]
+            return j, page_of[k - first]
+
         body = memoryview(b"".join(bodies))
         msg = wire.Put() if op == wire.PUT else wire.Get()
         moved = 0
@@ -548,9 +570,14 @@ class StrataStorage(HiCacheStorage):
             r = conn.call(msg, self.timeout, body=body[b0:b1])
             if len(r.results) != z - a:
                 raise wire.Malformed(f"{len(r.results)} results for {z - a} items")
+            if r.results.count(wire.RESULT_OK) == z - a:
+                # Every item stored or read: the common case, in C loops
+                # rather than a Python loop over 1024 results.
+                moved += sum(lengths[a:z])
+                continue
             for k, res in enumerate(r.results, a):
                 if res.status != wire.OK:
-                    j, p = owner[k]
+                    j, p = owner(k)
                     out[j][p] = False
                     if op == wire.PUT or res.status != wire.NOT_FOUND:
                         self._item_failed(op, res)

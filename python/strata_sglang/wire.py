@@ -591,6 +591,9 @@ def _keys(b, num_keys: int, other=None) -> List[str]:
 # Result ("\x0a\x00", OK) or one with only its status ("\x0a\x02\x08" status).
 _RESULT_OK = b"\x0a\x00"
 _SHARED_RESULTS = [Result(s) for s in range(MAX_STATUS + 1)]
+# The Result every OK item of a fast-decoded reply is: list.count(RESULT_OK)
+# counts them by identity, without a dataclass __eq__ per result.
+RESULT_OK = _SHARED_RESULTS[OK]
 
 
 def _fast_batch_reply(body) -> Optional[BatchReply]:

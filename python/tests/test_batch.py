@@ -207,3 +207,27 @@ def test_exists_body_matches_the_generic_encoder(sglang, kind, model):
             assert pool.exists_body(keys) == wire.encode_body(wire.Exists(names, pool.format))
     finally:
         b.close()
+
+
+@pytest.mark.parametrize(
+    "prefix,suffixes", [(b"org_2fm:", [b"_0_k", b"_0_v"]), (b"", [b"__k"]), (b"p", [b""])]
+)
+def test_name_rows_are_the_names_and_encode_alike(prefix, suffixes):
+    """The byte matrix of names (name_rows) holds prefix + key + suffix for each
+    key and suffix in turn, and encode makes the same body of it as of the list."""
+    keys = [f"{i:064x}" for i in range(5)]
+    rows = batch.name_rows(prefix, keys, suffixes)
+    names = [prefix + k.encode() + x for k in keys for x in suffixes]
+    assert rows is not None and [bytes(r.tolist()) for r in rows] == names
+    n = len(names)
+    t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    sid, off, length = t([[3]] * n), t([[4096 * i] for i in range(n)]), t([[65536]] * n)
+    keep = torch.ones(n, 1, dtype=torch.bool)
+    fmt_field = b"\x11" + (9).to_bytes(8, "little")
+    assert batch.encode(rows, fmt_field, sid, off, length, keep)[0] == (
+        batch.encode(names, fmt_field, sid, off, length, keep)[0]
+    )
+    # Keys of two lengths, or not ASCII: no matrix (the caller uses a list).
+    assert batch.name_rows(prefix, keys + ["abc"], suffixes) is None
+    assert batch.name_rows(prefix, ["\u00e9" * 64], suffixes) is None
+    assert batch.name_rows(prefix, keys, [b"_k", b"_vv"]) is None
