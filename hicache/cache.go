@@ -52,22 +52,6 @@ type Options struct {
 	// Logger receives warnings (a pool without L3, a slow backend); nil means
 	// slog.Default().
 	Logger *slog.Logger
-	// Faults injects deliberate bugs, for tests only; nil in production.
-	Faults *Faults
-}
-
-// Faults are deliberate bugs, for tests that prove a checker catches them (the
-// bench's byte-for-byte verification of served pages, for one). Never set them
-// in production.
-type Faults struct {
-	// OverlongMatch makes a match that ends inside a cached span (the request
-	// diverges from a radix node in the middle of its pages) take one more page
-	// of that span than it should: the classic off-by-one at a split point. The
-	// request is served, as a hit, a copy of the first page of the other
-	// continuation, loaded from its L2 copy (when it has one and L1 has room)
-	// into a page the request owns, so the cache's own accounting stays sound and
-	// only the served bytes are wrong.
-	OverlongMatch bool
 }
 
 // MatchOptions qualify a Match.

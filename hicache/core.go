@@ -21,7 +21,6 @@ type core[E radix.Elem] struct {
 	host   *pool.Group // nil for an L1-only cache
 	copier *pool.CopyEngine
 	toKey  func([]uint32) []E
-	faults Faults
 
 	ops []copyOp[E]
 	// loading maps every L1 page a load writes to its transfer. It is kept by page,
@@ -78,9 +77,6 @@ func newCore[E radix.Elem](cfg Config, dev pool.DeviceGroup, host *pool.Group, m
 	}
 	c := &core[E]{cfg: cfg, tree: tree, dev: dev, host: host, toKey: toKey, hasher: hasher, mu: mu,
 		loading: map[pool.PageID]*pool.Transfer{}, freeAfter: map[*pool.Transfer][]pool.PageID{}}
-	if opts.Faults != nil {
-		c.faults = *opts.Faults
-	}
 	for _, p := range dev.Pools {
 		c.pageBytes += p.Layout().PageBytes()
 	}
@@ -134,17 +130,11 @@ func (c *core[E]) match(tokens []uint32, opts MatchOptions) (*Request, []*pool.T
 	c.st.Requests++
 	c.st.PromptTokens += int64(len(tokens))
 	seed := c.hasher.Seed(opts.Namespace)
-	nodes := c.tree.Nodes()
 	m := c.tree.Match(seed, c.toKey(tokens))
 	if err := c.tree.Lock(m.Last); err != nil {
 		return nil, nil, err
 	}
 	r := &Request{Tokens: len(tokens), node: m.Last, ns: seed}
-	if c.faults.OverlongMatch && c.tree.Nodes() > nodes && c.cfg.pages(len(tokens)) > m.Pages {
-		// The match split a node where the request diverges from it: the node's
-		// rest, the other continuation, is the new head's only child.
-		r.overlong = m.Last.Children()[0]
-	}
 	wait, err := c.complete(r, opts, true)
 	return r, wait, err
 }
@@ -186,9 +176,6 @@ func (c *core[E]) complete(r *Request, opts MatchOptions, mayWait bool) ([]*pool
 		}
 		if p := opts.Prefetch; p != nil && (loadL2 || l2 == 0) {
 			need += c.stagedPages(r, p.op, pages)
-		}
-		if r.overlong != nil {
-			need++
 		}
 		if need > 0 {
 			if wait, err := c.roomWait(need); err != nil || len(wait) > 0 {
@@ -238,12 +225,6 @@ func (c *core[E]) complete(r *Request, opts MatchOptions, mayWait bool) ([]*pool
 		}
 		p.op.unpinIfUnwanted() // r's lock holds its prefix from here
 	}
-	if tail, ok := r.overlong.(*radix.Node[E]); ok && len(r.DevicePages) == pages {
-		if err := c.overlong(r, last, tail); err != nil {
-			return nil, err
-		}
-	}
-	r.overlong = nil
 	r.HitTokens = r.L1Tokens + r.L2Tokens + r.L3Tokens
 	c.st.HitTokensL1 += int64(r.L1Tokens)
 	c.st.HitTokensL2 += int64(r.L2Tokens)
@@ -273,34 +254,6 @@ func (c *core[E]) addLoads(r *Request, pages []pool.PageID) {
 			r.loads = append(r.loads, t)
 		}
 	}
-}
-
-// overlong is Faults.OverlongMatch: r, whose match ended inside a node, is served
-// one more page, the first of the node's other continuation (tail), copied from
-// its L2 copy into a page r owns. Without an L2 copy or L1 room nothing happens.
-func (c *core[E]) overlong(r *Request, last, tail *radix.Node[E]) error {
-	if c.host == nil || !tail.InTree() || tail.Parent() != last || tail.Host() == nil {
-		return nil
-	}
-	dev, err := c.allocDevice(1)
-	if errors.Is(err, ErrDeviceFull) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	t, err := c.copier.Load(c.dev, c.host, []pool.PageMove{{Device: dev[0], Host: tail.Host()[0]}})
-	if err != nil {
-		return errors.Join(fmt.Errorf("load the overlong page: %w", err), c.dev.Pages.Free(dev))
-	}
-	if err := c.tree.HostRef(tail); err != nil {
-		return err
-	}
-	c.startLoad(copyOp[E]{kind: opLoadOwned, t: t, nodes: []*radix.Node[E]{tail}, pages: 1, dev: dev})
-	r.loads = append(r.loads, t)
-	r.DevicePages = append(r.DevicePages, dev...)
-	r.L2Tokens += c.cfg.PageSize
-	return nil
 }
 
 // startLoad records a load in flight and the L1 pages it writes.
