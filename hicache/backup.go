@@ -23,12 +23,10 @@ func (c *core[E]) backup(nodes []*radix.Node[E]) error {
 			c.st.BackupSkipped += int64(n.Pages())
 			continue
 		}
-		if err := c.tree.SetHost(n, host); err != nil {
-			return errors.Join(err, c.host.Free(host))
-		}
-		if err := errors.Join(c.tree.Lock(n), c.tree.HostRef(n)); err != nil {
-			return err
-		}
+		// n is in the tree, in L1 and not in L2, and host is its size: only a
+		// bug fails these.
+		must(c.tree.SetHost(n, host))
+		must(errors.Join(c.tree.Lock(n), c.tree.HostRef(n)))
 		started = append(started, n)
 	}
 	return c.startBackup(started)

@@ -112,12 +112,14 @@ func (c *core[E]) close(deadline time.Time) error {
 	return c.tree.Close()
 }
 
-// must panics on an error that can only come from the cache's own accounting of
-// locks and references (a bug): going on would free or serve pages a copy or a
-// request still uses.
+// must panics on an error that only a broken invariant of the cache's own can
+// cause (see the package comment): the tree refusing a lock, a reference or a
+// tier change for a node the cache's accounting says allows it. Going on would
+// free or serve pages a copy or a request still uses. The tree's error names
+// the node's state.
 func must(err error) {
 	if err != nil {
-		panic(fmt.Sprintf("hicache: lock or reference count out of step with the cache's copies: %v", err))
+		panic(fmt.Sprintf("hicache: the cache's accounting of locks, references and tiers is out of step with its tree (a bug): %v", err))
 	}
 }
 

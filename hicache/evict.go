@@ -127,10 +127,8 @@ func (c *core[E]) evictDevice(need int) error {
 			break
 		}
 		if v.Host() != nil {
-			pages, err := c.tree.DropDevice(v)
-			if err != nil {
-				return err
-			}
+			pages, err := c.tree.DropDevice(v) // a victim of the tree's own heap, in L2
+			must(err)
 			c.freeDev(pages)
 			freed += len(pages)
 			c.st.EvictedTokensL1 += int64(len(pages) * c.cfg.PageSize)
@@ -138,22 +136,16 @@ func (c *core[E]) evictDevice(need int) error {
 		}
 		if c.cfg.WritePolicy == WriteBack && c.host != nil {
 			if host, ok := c.allocHost(v.Pages()); ok {
-				if err := c.tree.SetHost(v, host); err != nil {
-					return errors.Join(err, c.host.Free(host))
-				}
+				must(c.tree.SetHost(v, host)) // not in L2, and host is its size
 				// Locked, it leaves the victim heap while its copy runs.
-				if err := errors.Join(c.tree.Lock(v), c.tree.HostRef(v)); err != nil {
-					return err
-				}
+				must(errors.Join(c.tree.Lock(v), c.tree.HostRef(v)))
 				batch = append(batch, v)
 				pending += v.Pages()
 				continue
 			}
 		}
-		dev, host, err := c.tree.Remove(v)
-		if err != nil {
-			return err
-		}
+		dev, host, err := c.tree.Remove(v) // an unlocked victim, unreferenced in L2
+		must(err)
 		c.freeDev(dev)
 		if c.host != nil {
 			c.freeHost(host)
