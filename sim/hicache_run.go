@@ -15,6 +15,7 @@ import (
 	"github.com/stratakv/strata/hostmem"
 	"github.com/stratakv/strata/kvlayout"
 	"github.com/stratakv/strata/node"
+	"github.com/stratakv/strata/node/redisremote"
 	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 	"github.com/stratakv/strata/storage"
@@ -190,6 +191,7 @@ func startEmbeddedNode(cfg Config, log *slog.Logger) (*node.Server, string, erro
 		nc.SpillBytes = cfg.NodeSpillBytes
 	}
 	nc.RemoteAddrs = cfg.Redis
+	nc.OpenRemote = redisremote.Open
 	nc.Logger = log
 	srv, err := node.New(nc)
 	if err != nil {

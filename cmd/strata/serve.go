@@ -20,6 +20,7 @@ import (
 	"github.com/stratakv/strata/hostmem"
 	"github.com/stratakv/strata/node"
 	"github.com/stratakv/strata/node/arena"
+	"github.com/stratakv/strata/node/redisremote"
 	"github.com/stratakv/strata/node/wire"
 	"github.com/stratakv/strata/storage"
 )
@@ -474,6 +475,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		}
 	}
 	raiseFDLimit(s.cfg.Logger)
+	s.cfg.OpenRemote = redisremote.Open
 	srv, err := node.New(s.cfg)
 	if err != nil {
 		if configError(err) {
