@@ -345,17 +345,12 @@ func (s *Store) RegisterPool(ctx context.Context, spec storage.PoolSpec) error {
 // and EXISTS. A corrupt or partial object found on the way is removed and counts
 // as missing.
 func (s *Store) Exists(ctx context.Context, poolName string, keys []pagekey.Key) (int, error) {
-	ps, done, err := s.begin(poolName, "exists")
+	ps, done, err := s.admit(poolName, "exists", func(*poolState) error { return storage.CheckKeys(keys) })
 	if err != nil {
 		s.stats.fault(err)
 		return 0, err
 	}
 	defer done()
-	if err := storage.CheckKeys(keys); err != nil {
-		err = fmt.Errorf("redis store: exists in pool %q: %w", poolName, err)
-		s.stats.fault(err)
-		return 0, err
-	}
 	ops := make([]*op, 0, len(keys)*ps.parts)
 	for _, k := range keys {
 		for part := 0; part < ps.parts; part++ {
@@ -410,13 +405,9 @@ func (s *Store) Put(ctx context.Context, poolName string, keys []pagekey.Key, pa
 
 // pageOps admits a Get or Put and makes its objects, or returns every key's error.
 func (s *Store) pageOps(poolName, what string, keys []pagekey.Key, pages []pool.PageID) (*poolState, []*op, func(), []error) {
-	ps, done, err := s.begin(poolName, what)
+	ps, done, err := s.admit(poolName, what, func(ps *poolState) error { return storage.CheckBatch(ps.spec, keys, pages) })
 	if err != nil {
 		return nil, nil, nil, s.failAll(len(keys), err)
-	}
-	if err := storage.CheckBatch(ps.spec, keys, pages); err != nil {
-		done()
-		return nil, nil, nil, s.failAll(len(keys), fmt.Errorf("redis store: %s in pool %q: %w", what, poolName, err))
 	}
 	mem := ps.spec.Region.Bytes()
 	ops := make([]*op, 0, len(keys)*ps.parts)
@@ -485,6 +476,21 @@ func (s *Store) begin(poolName, what string) (ps *poolState, done func(), err er
 	}
 	s.inflight.Add(1)
 	return ps, s.inflight.Done, nil
+}
+
+// admit is begin for a call on poolName's pages, followed by check, the call's
+// own check of its arguments against the pool: an error of either ends the
+// call before it starts (check's named with what and the pool).
+func (s *Store) admit(poolName, what string, check func(*poolState) error) (*poolState, func(), error) {
+	ps, done, err := s.begin(poolName, what)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := check(ps); err != nil {
+		done()
+		return nil, nil, fmt.Errorf("redis store: %s in pool %q: %w", what, poolName, err)
+	}
+	return ps, done, nil
 }
 
 // enter admits an object API call.
