@@ -456,6 +456,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		s.cfg.ArenaFile, s.cfg.ArenaFileFallback = defaultArenaFile(s.cfg.Socket), true
 	}
 	s.cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: s.level}))
+	s.cfg.OpenRemote = redisremote.Open // the remote tier is Redis
 	if err := s.cfg.Validate(); err != nil {
 		return usageError{err}
 	}
@@ -475,7 +476,6 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		}
 	}
 	raiseFDLimit(s.cfg.Logger)
-	s.cfg.OpenRemote = redisremote.Open
 	srv, err := node.New(s.cfg)
 	if err != nil {
 		if configError(err) {
