@@ -1,24 +1,3 @@
-// Package hicache is the hierarchical KV cache an engine calls on every request: a
-// paged radix tree over a pool group (target model plus EAGLE draft pools), L1 in
-// the engine's device pools and L2 in host pools. It finds the longest cached
-// prefix of a request (loading the part found only in L2 back into L1), caches
-// the pages a request computed, backs L1 pages up to L2 under a write policy, and
-// evicts from both tiers under pressure. Target and draft pages move together: a
-// page is cached for the group in a tier only when every pool has it there.
-//
-// Concurrency: a Cache is safe for concurrent use; its methods serialise on one
-// mutex. Copies run on the copy engine's goroutines and never touch the tree: a
-// finished copy is accounted for by the next call into the cache (or by Sync), so
-// the tree only changes inside calls. No call waits for a copy while it holds the
-// cache: when L1 is short of pages that copies in flight hold (backups, write-back
-// evictions), Match and AllocDevice wait for those copies with the cache released
-// and try again. A Request's Wait and WaitLayer block on copies without holding
-// the cache.
-//
-// Lifecycle of a request: Match (locks the prefix, starts loading its L2 part),
-// AllocDevice for the pages to compute, Insert after prefill (the new pages
-// become cached, the lock moves to them), Finish when the request ends (caches
-// the decoded pages too, frees the partial last page, unlocks).
 package hicache
 
 import (
@@ -52,22 +31,6 @@ type Options struct {
 	// Logger receives warnings (a pool without L3, a slow backend); nil means
 	// slog.Default().
 	Logger *slog.Logger
-	// Faults injects deliberate bugs, for tests only; nil in production.
-	Faults *Faults
-}
-
-// Faults are deliberate bugs, for tests that prove a checker catches them (the
-// bench's byte-for-byte verification of served pages, for one). Never set them
-// in production.
-type Faults struct {
-	// OverlongMatch makes a match that ends inside a cached span (the request
-	// diverges from a radix node in the middle of its pages) take one more page
-	// of that span than it should: the classic off-by-one at a split point. The
-	// request is served, as a hit, a copy of the first page of the other
-	// continuation, loaded from its L2 copy (when it has one and L1 has room)
-	// into a page the request owns, so the cache's own accounting stays sound and
-	// only the served bytes are wrong.
-	OverlongMatch bool
 }
 
 // MatchOptions qualify a Match.

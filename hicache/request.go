@@ -41,9 +41,6 @@ type Request struct {
 	loads []*pool.Transfer
 	node  any // the locked radix node
 	done  bool
-	// overlong is the node whose first page Faults.OverlongMatch serves the
-	// request beyond its match; nil without the fault.
-	overlong any
 }
 
 // Loading reports whether some of the prefix is still being copied into L1.

@@ -74,6 +74,10 @@ type Config struct {
 	// a get that misses the arena and the spill looks there, so node services that
 	// share the cluster find each other's pages. Empty: no remote tier.
 	RemoteAddrs []string `json:"remote"`
+	// OpenRemote opens the store at RemoteAddrs; required with them. The
+	// service defines what it needs of the store (RemoteStore) and the caller
+	// wires one in: strata serve, Redis (storage/redisstore).
+	OpenRemote RemoteOpener `json:"-"`
 	// RemoteQueueBytes bounds the bytes waiting to be written through; beyond it
 	// writes are dropped (and counted) rather than queued.
 	RemoteQueueBytes int64 `json:"remote-queue"`
@@ -254,6 +258,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("spill segments of %d bytes (--spill-segment): want 1 MiB to 64 GiB, or 0 for 256 MiB: %w", c.SpillSegmentBytes, ErrConfig)
 	case len(c.RemoteAddrs) > 0 && c.RemoteQueueBytes <= 0:
 		return fmt.Errorf("remote queue of %d bytes (--remote-queue): want positive: %w", c.RemoteQueueBytes, ErrConfig)
+	case len(c.RemoteAddrs) > 0 && c.OpenRemote == nil:
+		return fmt.Errorf("remote addresses %v without OpenRemote: wire in the store that serves them (storage/redisstore for Redis): %w", c.RemoteAddrs, ErrConfig)
 	case c.MaxRegisteredBytes < 0:
 		return fmt.Errorf("max registered %d bytes (--max-registered): want 0 (no node-wide bound) or more: %w", c.MaxRegisteredBytes, ErrConfig)
 	case c.ClientQuotaBytes <= 0:

@@ -16,8 +16,41 @@ import (
 	"github.com/stratakv/strata/node/arena"
 	"github.com/stratakv/strata/node/wire"
 	"github.com/stratakv/strata/storage"
-	"github.com/stratakv/strata/storage/redisstore"
 )
+
+// RemoteStore is what the remote tier needs of the store it writes through to:
+// batch calls on named objects, write-once as the arena's. storage/redisstore's
+// Store is one; Config.OpenRemote opens it. The interface is node's, so that
+// the service does not depend on the one store that implements it today.
+type RemoteStore interface {
+	// PutObjects stores each object, write-once; one error per object.
+	PutObjects(ctx context.Context, objs []storage.Object) []error
+	// GetObjects reads each object into its runs; one error per object, one
+	// wrapping storage.ErrNotFound for a miss.
+	GetObjects(ctx context.Context, objs []storage.Object) []error
+	// ExistsObjects returns how many of names, from the first, exist in format.
+	ExistsObjects(ctx context.Context, names []string, format storage.Format) (int, error)
+	// RemoveObject removes name's object in every format, reporting whether
+	// there was one.
+	RemoveObject(ctx context.Context, name string) (bool, error)
+	Close() error
+}
+
+// RemoteConfig is how to reach the remote store, as the service's Config
+// says: the seed addresses and the credentials and TLS settings, the password
+// read from its file.
+type RemoteConfig struct {
+	Addrs    []string
+	Username string
+	Password string
+	TLS      *tls.Config // nil: no TLS
+	Logger   *slog.Logger
+}
+
+// RemoteOpener opens the remote store. The service calls it until it
+// succeeds, backing off while the store is unreachable, and gives up at once
+// on an error wrapping storage.ErrConfig (refused credentials or TLS).
+type RemoteOpener func(ctx context.Context, cfg RemoteConfig) (RemoteStore, error)
 
 // remoteTier is the service's write-through to a Redis Cluster shared by every
 // node: puts reach it asynchronously (bounded), and a get that misses the arena
@@ -26,8 +59,9 @@ import (
 // pages.
 type remoteTier struct {
 	s     *Server
-	cfg   redisstore.Config
-	store atomic.Pointer[redisstore.Store] // nil until connected
+	cfg   RemoteConfig
+	open  RemoteOpener
+	store atomic.Pointer[remoteStore] // nil until connected
 
 	mu          sync.Mutex
 	cond        *sync.Cond
@@ -48,6 +82,9 @@ type remoteTier struct {
 	written, writeFailed, dropped, hits, misses, faults atomic.Int64
 }
 
+// remoteStore holds the connected store, for an atomic pointer to it.
+type remoteStore struct{ RemoteStore }
+
 type remoteJob struct {
 	key    string
 	format uint64
@@ -57,8 +94,8 @@ type remoteJob struct {
 // remoteBatch is the most objects one write-through pipeline carries.
 const remoteBatch = 64
 
-func newRemoteTier(s *Server, cfg redisstore.Config) *remoteTier {
-	r := &remoteTier{s: s, cfg: cfg, writing: map[string]int{},
+func newRemoteTier(s *Server, cfg RemoteConfig, open RemoteOpener) *remoteTier {
+	r := &remoteTier{s: s, cfg: cfg, open: open, writing: map[string]int{},
 		reach: newOutage(s.log, "Redis", "serving without it (writes through are dropped, its objects are misses) and retrying")}
 	r.cond = sync.NewCond(&r.mu)
 	r.writeDone = sync.NewCond(&r.mu)
@@ -77,7 +114,7 @@ func (r *remoteTier) connect() {
 	backoff := 100 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(r.ctx, 5*time.Second)
-		st, err := redisstore.New(ctx, r.cfg)
+		st, err := r.open(ctx, r.cfg)
 		cancel()
 		if errors.Is(err, storage.ErrConfig) {
 			// Refused credentials or TLS: retrying cannot help, and a WARN every
@@ -88,7 +125,7 @@ func (r *remoteTier) connect() {
 			return
 		}
 		if err == nil {
-			r.store.Store(st)
+			r.store.Store(&remoteStore{st})
 			r.reach.ok("addrs", r.s.cfg.RemoteAddrs)
 			r.s.log.Info("node service: writing through to Redis", "addrs", r.s.cfg.RemoteAddrs)
 			return
@@ -187,7 +224,7 @@ func (r *remoteTier) write(jobs []remoteJob) {
 		r.dropped.Add(int64(len(jobs)))
 		return
 	}
-	var objs []redisstore.Object
+	var objs []storage.Object
 	var leases []*arena.Lease
 	for _, j := range jobs {
 		l, err := r.s.arena.Acquire(j.key, j.format)
@@ -196,7 +233,7 @@ func (r *remoteTier) write(jobs []remoteJob) {
 			continue
 		}
 		leases = append(leases, l)
-		objs = append(objs, redisstore.Object{Name: j.key, Format: storage.Format(j.format), Runs: [][]byte{l.Bytes()}})
+		objs = append(objs, storage.Object{Name: j.key, Format: storage.Format(j.format), Runs: [][]byte{l.Bytes()}})
 	}
 	if len(objs) == 0 {
 		return
@@ -280,7 +317,7 @@ func (c *session) fetchRemote(ctx context.Context, items []wire.Item, w *window,
 		p   *arena.Pending // nil: no room in the arena, fetched into buf
 		buf []byte
 	}
-	var objs []redisstore.Object
+	var objs []storage.Object
 	var ps []pending
 	// Items another request is writing into the arena meanwhile are read from it
 	// once this request holds no pending write of its own: waiting for them while
@@ -313,7 +350,7 @@ func (c *session) fetchRemote(ctx context.Context, items []wire.Item, w *window,
 			p, buf = nil, bounce(res.size)
 		}
 		ps = append(ps, pending{i, res, p, buf})
-		objs = append(objs, redisstore.Object{Name: it.Key, Format: storage.Format(it.Format), Runs: [][]byte{buf}})
+		objs = append(objs, storage.Object{Name: it.Key, Format: storage.Format(it.Format), Runs: [][]byte{buf}})
 	}
 	if len(objs) == 0 {
 		return
@@ -385,14 +422,12 @@ func (r *remoteTier) stats() *RemoteStats {
 		Hits: r.hits.Load(), Misses: r.misses.Load(), Faults: r.faults.Load()}
 }
 
-// remoteConfig is the Redis store configuration of cfg's remote tier: its
+// remoteConfig is the remote store configuration of cfg's remote tier: its
 // addresses, its credentials (the password read from RemotePasswordFile) and
 // its TLS settings. A file it cannot read is a configuration error, reported
 // at start rather than as a Redis that never answers.
-func remoteConfig(cfg Config, log *slog.Logger) (redisstore.Config, error) {
-	rc := redisstore.DefaultConfig(cfg.RemoteAddrs...)
-	rc.Logger = log
-	rc.Username = cfg.RemoteUsername
+func remoteConfig(cfg Config, log *slog.Logger) (RemoteConfig, error) {
+	rc := RemoteConfig{Addrs: cfg.RemoteAddrs, Username: cfg.RemoteUsername, Logger: log}
 	if cfg.RemotePasswordFile != "" {
 		raw, err := os.ReadFile(cfg.RemotePasswordFile)
 		if err != nil {

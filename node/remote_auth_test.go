@@ -69,6 +69,7 @@ func TestRemoteWithPassword(t *testing.T) {
 
 	cfg := DefaultConfig(socketPath(t))
 	cfg.RemoteAddrs, cfg.RemotePasswordFile, cfg.Logger = []string{redis.Addr()}, filepath.Join(dir, "missing"), quiet
+	cfg.OpenRemote = openTestRedis
 	if _, err := New(cfg); !errors.Is(err, ErrConfig) {
 		t.Fatalf("a missing password file: %v", err)
 	}
@@ -137,6 +138,7 @@ func TestRemoteOverTLS(t *testing.T) {
 
 	cfg := DefaultConfig(socketPath(t))
 	cfg.RemoteAddrs, cfg.RemoteTLSCAFile, cfg.Logger = []string{tlsAddr}, pw, quiet // not a certificate
+	cfg.OpenRemote = openTestRedis
 	if _, err := New(cfg); !errors.Is(err, ErrConfig) {
 		t.Fatalf("a CA file without a certificate: %v", err)
 	}

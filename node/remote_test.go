@@ -1,6 +1,7 @@
 package node
 
 import (
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -150,5 +151,15 @@ func TestRedisOutageIsTwoLogLines(t *testing.T) {
 	}
 	if !strings.Contains(backs[0], "failures=") {
 		t.Fatalf("the recovery line does not count the failures: %s", backs[0])
+	}
+}
+
+// The service does not know how to reach a remote store by itself: remote
+// addresses without OpenRemote are a configuration error, said at start.
+func TestRemoteAddrsWithoutAnOpenerAreRefused(t *testing.T) {
+	cfg := DefaultConfig(socketPath(t))
+	cfg.RemoteAddrs, cfg.Logger = []string{"127.0.0.1:1"}, quiet
+	if _, err := New(cfg); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "OpenRemote") {
+		t.Fatalf("New = %v, want ErrConfig naming OpenRemote", err)
 	}
 }

@@ -31,7 +31,6 @@ import (
 	"github.com/stratakv/strata/node/spill"
 	"github.com/stratakv/strata/node/wire"
 	"github.com/stratakv/strata/storage"
-	"github.com/stratakv/strata/storage/redisstore"
 )
 
 // MaxBatchObjects is the most objects one Put or Get may name (128 pages of up to
@@ -113,7 +112,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	// Read the Redis credentials and CA first: a missing file is a
 	// configuration error, found before the arena is mapped.
-	var rc redisstore.Config
+	var rc RemoteConfig
 	if len(cfg.RemoteAddrs) > 0 {
 		if rc, err = remoteConfig(cfg, s.log); err != nil {
 			return nil, err
@@ -176,7 +175,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.Join(fmt.Errorf("%s: %w", what, err), s.closeAdminListener(), s.ln.Close(), s.closeSpill())
 	}
 	if len(cfg.RemoteAddrs) > 0 {
-		s.remote = newRemoteTier(s, rc)
+		s.remote = newRemoteTier(s, rc, cfg.OpenRemote)
 	}
 	if s.adminLn != nil {
 		s.serveAdmin()

@@ -21,6 +21,7 @@ import (
 
 	"github.com/stratakv/strata/hostmem"
 	"github.com/stratakv/strata/node/wire"
+	"github.com/stratakv/strata/storage/redisstore"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -46,6 +47,7 @@ func start(t testing.TB, tweak func(*Config)) *Server {
 	acfg.ReserveBytes = 0
 	acfg.Logger = quiet
 	cfg.Allocator, _ = hostmem.New(acfg)
+	cfg.OpenRemote = openTestRedis
 	if tweak != nil {
 		tweak(&cfg)
 	}
@@ -55,6 +57,18 @@ func start(t testing.TB, tweak func(*Config)) *Server {
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// openTestRedis is the service's remote store in tests: Redis, as strata serve
+// wires it (node/redisremote, which this package's tests cannot import).
+func openTestRedis(ctx context.Context, cfg RemoteConfig) (RemoteStore, error) {
+	rc := redisstore.DefaultConfig(cfg.Addrs...)
+	rc.Username, rc.Password, rc.TLS, rc.Logger = cfg.Username, cfg.Password, cfg.TLS, cfg.Logger
+	st, err := redisstore.New(ctx, rc)
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
 }
 
 // rawClient speaks the protocol by hand.

@@ -3,11 +3,15 @@ package pool
 import (
 	"fmt"
 	"sync"
+
+	"github.com/stratakv/strata/pageid"
 )
 
 // PageID names one page of a pool (or of every pool of a group): slots
-// PageID*PageSize through PageID*PageSize+PageSize-1.
-type PageID int32
+// PageID*PageSize through PageID*PageSize+PageSize-1. It is pageid.ID, which
+// the radix tree shares without depending on pools; the alias keeps pool's
+// API and its many callers (storage backends, the benches) as they are.
+type PageID = pageid.ID
 
 // PageAllocator hands out whole pages of one page space. Every pool of a group shares
 // one PageAllocator, which is what keeps target and draft slots aligned 1:1. It is

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/stratakv/strata/pageid"
 	"github.com/stratakv/strata/pagekey"
-	"github.com/stratakv/strata/pool"
 )
 
 // Walk calls fn for every node holding pages, parents before children, with its
@@ -48,9 +48,9 @@ func (t *Tree[E]) Walk(fn func(ns pagekey.Key, prefix []E, n *Node[E]) bool) {
 func (t *Tree[E]) Check() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	devSeen := map[pool.PageID]bool{}
+	devSeen := map[pageid.ID]bool{}
 	tokSeen := map[int32]bool{}
-	hostSeen := map[pool.PageID]bool{}
+	hostSeen := map[pageid.ID]bool{}
 	nodes, devPages, hostPages := 0, 0, 0
 	var visit func(n *Node[E])
 	visit = func(n *Node[E]) {

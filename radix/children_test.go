@@ -3,7 +3,7 @@ package radix
 import (
 	"testing"
 
-	"github.com/stratakv/strata/pool"
+	"github.com/stratakv/strata/pageid"
 )
 
 // collidingTokens returns two tokens whose one-token pages get the same index tag
@@ -73,7 +73,7 @@ func TestIndexGrowsAndShrinks(t *testing.T) {
 	// Branch pages that differ only in the high half of their second bigram.
 	key := func(i int) []uint64 { return []uint64{7, uint64(i) << 32, 1, 2} }
 	for i := range n {
-		if _, err := tree.Insert(noNS, key(i), []pool.PageID{pool.PageID(2 * i), pool.PageID(2*i + 1)}, nil); err != nil {
+		if _, err := tree.Insert(noNS, key(i), []pageid.ID{pageid.ID(2 * i), pageid.ID(2*i + 1)}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

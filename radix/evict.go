@@ -3,7 +3,7 @@ package radix
 import (
 	"fmt"
 
-	"github.com/stratakv/strata/pool"
+	"github.com/stratakv/strata/pageid"
 )
 
 // deviceCandidate: in L1, no child in L1, not locked, and either backed up in L2 or
@@ -48,7 +48,7 @@ func (t *Tree[E]) HostVictims() int { return t.hostHeap.len() }
 
 // DropDevice takes n out of L1, keeping it cached in L2, and returns its device
 // pages for the caller to free. n must be a device victim with host pages.
-func (t *Tree[E]) DropDevice(n *Node[E]) ([]pool.PageID, error) {
+func (t *Tree[E]) DropDevice(n *Node[E]) ([]pageid.ID, error) {
 	if n.removed || n.IsRoot() || n.device == nil || n.host == nil || n.lockRef > 0 || n.deviceChildren > 0 {
 		return nil, fmt.Errorf("drop device pages of a node that is not an L1 victim backed up in L2: %w", ErrNode)
 	}
@@ -63,7 +63,7 @@ func (t *Tree[E]) DropDevice(n *Node[E]) ([]pool.PageID, error) {
 
 // DropHost takes n out of L2, keeping it in L1, and returns its host pages for the
 // caller to free: the undo of a backup that failed, or room made for another node.
-func (t *Tree[E]) DropHost(n *Node[E]) ([]pool.PageID, error) {
+func (t *Tree[E]) DropHost(n *Node[E]) ([]pageid.ID, error) {
 	if n.removed || n.IsRoot() || n.host == nil || n.device == nil || n.hostRef > 0 {
 		return nil, fmt.Errorf("drop host pages of a node that is not in both tiers and unreferenced: %w", ErrNode)
 	}
@@ -75,14 +75,14 @@ func (t *Tree[E]) DropHost(n *Node[E]) ([]pool.PageID, error) {
 }
 
 // SetHost records that n's pages are (being) backed up in the given host pages.
-func (t *Tree[E]) SetHost(n *Node[E], host []pool.PageID) error {
+func (t *Tree[E]) SetHost(n *Node[E], host []pageid.ID) error {
 	if n.removed || n.IsRoot() || n.host != nil {
 		return fmt.Errorf("set host pages of a node that left the tree, the root, or one already in L2: %w", ErrNode)
 	}
 	if len(host) != len(n.keys) {
 		return fmt.Errorf("%d host pages for a node of %d pages: %w", len(host), len(n.keys), ErrPages)
 	}
-	n.host = append([]pool.PageID(nil), host...)
+	n.host = append([]pageid.ID(nil), host...)
 	t.hostPages += len(host)
 	t.refresh(n)
 	return nil
@@ -90,7 +90,7 @@ func (t *Tree[E]) SetHost(n *Node[E], host []pool.PageID) error {
 
 // SetDevice records that n's pages are (being) loaded into the given device pages.
 // n must be in L2 only and its parent in L1 (load a matched path from the top).
-func (t *Tree[E]) SetDevice(n *Node[E], device []pool.PageID) error {
+func (t *Tree[E]) SetDevice(n *Node[E], device []pageid.ID) error {
 	if n.removed || n.IsRoot() || n.device != nil {
 		return fmt.Errorf("set device pages of a node that left the tree, the root, or one already in L1: %w", ErrNode)
 	}
@@ -100,7 +100,7 @@ func (t *Tree[E]) SetDevice(n *Node[E], device []pool.PageID) error {
 	if len(device) != len(n.keys) {
 		return fmt.Errorf("%d device pages for a node of %d pages: %w", len(device), len(n.keys), ErrPages)
 	}
-	n.device = append([]pool.PageID(nil), device...)
+	n.device = append([]pageid.ID(nil), device...)
 	n.parent.deviceChildren++
 	t.devicePages += len(device)
 	t.refresh(n)
@@ -111,7 +111,7 @@ func (t *Tree[E]) SetDevice(n *Node[E], device []pool.PageID) error {
 // Remove takes n and its whole subtree out of the tree and returns their device and
 // host pages for the caller to free. Nothing in the subtree may be locked or have a
 // host reference.
-func (t *Tree[E]) Remove(n *Node[E]) (device, host []pool.PageID, err error) {
+func (t *Tree[E]) Remove(n *Node[E]) (device, host []pageid.ID, err error) {
 	if n.removed || n.IsRoot() {
 		return nil, nil, fmt.Errorf("remove the root or a node that left the tree: %w", ErrNode)
 	}
@@ -148,7 +148,7 @@ func (t *Tree[E]) Remove(n *Node[E]) (device, host []pool.PageID, err error) {
 // with its subtree (whose host pages are returned too). A victim the device heap
 // offers that cannot be dropped is the tree's own invariant broken: it panics
 // (see the package comment) rather than offer the same victim forever.
-func (t *Tree[E]) EvictDevice(n int) (device, host []pool.PageID) {
+func (t *Tree[E]) EvictDevice(n int) (device, host []pageid.ID) {
 	for len(device) < n {
 		v := t.DeviceVictim()
 		if v == nil {
@@ -174,7 +174,7 @@ func (t *Tree[E]) EvictDevice(n int) (device, host []pool.PageID) {
 
 // EvictHost frees at least n host pages if it can by removing L2-only leaves in
 // policy order. Like EvictDevice, it panics on a victim it cannot remove.
-func (t *Tree[E]) EvictHost(n int) (host []pool.PageID) {
+func (t *Tree[E]) EvictHost(n int) (host []pageid.ID) {
 	for len(host) < n {
 		v := t.HostVictim()
 		if v == nil {

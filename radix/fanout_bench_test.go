@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/stratakv/strata/internal/benchpeer"
-	"github.com/stratakv/strata/pool"
+	"github.com/stratakv/strata/pageid"
 )
 
 // The commonest shape of a cache: one shared prefix (a system prompt) and many
@@ -30,11 +30,11 @@ func fanoutTree(b *testing.B, children int) (*Tree[uint32], []uint32) {
 	}
 	b.Cleanup(func() { tree.Close() })
 	prefix := randomTokens(r, fanoutPrefixPages*benchPage)
-	dev := make([]pool.PageID, fanoutPrefixPages+fanoutBranchPages)
+	dev := make([]pageid.ID, fanoutPrefixPages+fanoutBranchPages)
 	for i := range fanoutPrefixPages {
-		dev[i] = pool.PageID(i)
+		dev[i] = pageid.ID(i)
 	}
-	next := pool.PageID(fanoutPrefixPages)
+	next := pageid.ID(fanoutPrefixPages)
 	key := slices.Clone(prefix)
 	for range children {
 		key = append(key[:len(prefix)], randomTokens(r, fanoutBranchPages*benchPage)...)
@@ -109,7 +109,7 @@ func BenchmarkInsertFanout1M(b *testing.B) {
 	prefix := randomTokens(r, fanoutPrefixPages*benchPage)
 	suffixes := make([]uint32, batch*branchPages*benchPage)
 	key := make([]uint32, 0, len(prefix)+branchPages*benchPage)
-	dev := make([]pool.PageID, fanoutPrefixPages+branchPages)
+	dev := make([]pageid.ID, fanoutPrefixPages+branchPages)
 	var perPage float64
 	b.ResetTimer()
 	for range b.N {
@@ -122,9 +122,9 @@ func BenchmarkInsertFanout1M(b *testing.B) {
 			b.Fatal(err)
 		}
 		for i := range fanoutPrefixPages {
-			dev[i] = pool.PageID(i)
+			dev[i] = pageid.ID(i)
 		}
-		next := pool.PageID(fanoutPrefixPages)
+		next := pageid.ID(fanoutPrefixPages)
 		b.StartTimer()
 		for i := range branches {
 			if i%batch == 0 {

@@ -3,8 +3,8 @@ package radix
 import (
 	"fmt"
 
+	"github.com/stratakv/strata/pageid"
 	"github.com/stratakv/strata/pagekey"
-	"github.com/stratakv/strata/pool"
 )
 
 // Inserted is what Insert did.
@@ -15,7 +15,7 @@ type Inserted[E Elem] struct {
 	// Duplicate lists the caller's device pages the tree did not take because the
 	// tree already holds those pages of the key in other device pages. The caller
 	// frees them.
-	Duplicate []pool.PageID
+	Duplicate []pageid.ID
 	// New lists nodes created for the key: in L1 only, candidates for backup.
 	New []*Node[E]
 	// Revived lists nodes that were in L2 only and took the caller's device pages.
@@ -34,7 +34,7 @@ type Inserted[E Elem] struct {
 //
 // Insert fails with ErrFull, changing nothing, when the new pages do not fit the
 // token arena (MaxPages).
-func (t *Tree[E]) Insert(ns pagekey.Key, key []E, device []pool.PageID, pageKeys []pagekey.Key) (Inserted[E], error) {
+func (t *Tree[E]) Insert(ns pagekey.Key, key []E, device []pageid.ID, pageKeys []pagekey.Key) (Inserted[E], error) {
 	ps := t.cfg.PageSize
 	pages := len(key) / ps
 	if len(device) != pages {
@@ -64,7 +64,7 @@ func (t *Tree[E]) Insert(ns pagekey.Key, key []E, device []pool.PageID, pageKeys
 			leaf := &Node[E]{
 				parent:     n,
 				keys:       keys,
-				device:     append([]pool.PageID(nil), device[pos:]...),
+				device:     append([]pageid.ID(nil), device[pos:]...),
 				lastAccess: now,
 				heapIdx:    [2]int32{-1, -1},
 			}
@@ -85,7 +85,7 @@ func (t *Tree[E]) Insert(ns pagekey.Key, key []E, device []pool.PageID, pageKeys
 		}
 		if c.device == nil {
 			// The parent is in L1 (or the root): the walk revives from the top down.
-			c.device = append([]pool.PageID(nil), device[pos:pos+k]...)
+			c.device = append([]pageid.ID(nil), device[pos:pos+k]...)
 			n.deviceChildren++
 			t.devicePages += k
 			res.Revived = append(res.Revived, c)
@@ -116,7 +116,7 @@ func (t *Tree[E]) Insert(ns pagekey.Key, key []E, device []pool.PageID, pageKeys
 // the prefetch ran, and the pages have nothing to hang from). Pages the tree has
 // meanwhile cached are not taken: their host pages are returned for the caller to
 // free, with the new node (nil when nothing was new). Nothing counts as a hit.
-func (t *Tree[E]) InsertHost(ns pagekey.Key, key []E, host []pool.PageID, pageKeys []pagekey.Key) (*Node[E], []pool.PageID, error) {
+func (t *Tree[E]) InsertHost(ns pagekey.Key, key []E, host []pageid.ID, pageKeys []pagekey.Key) (*Node[E], []pageid.ID, error) {
 	ps := t.cfg.PageSize
 	pages := len(key) / ps
 	from := pages - len(host)
@@ -145,7 +145,7 @@ func (t *Tree[E]) InsertHost(ns pagekey.Key, key []E, host []pool.PageID, pageKe
 	leaf := &Node[E]{
 		parent:     parent,
 		keys:       keys,
-		host:       append([]pool.PageID(nil), host[cached-from:]...),
+		host:       append([]pageid.ID(nil), host[cached-from:]...),
 		lastAccess: t.tick(),
 		heapIdx:    [2]int32{-1, -1},
 	}

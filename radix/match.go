@@ -5,8 +5,8 @@ import (
 	"slices"
 	"unsafe"
 
+	"github.com/stratakv/strata/pageid"
 	"github.com/stratakv/strata/pagekey"
-	"github.com/stratakv/strata/pool"
 )
 
 // Span is one node's part of a match, with where its pages live.
@@ -16,9 +16,9 @@ type Span[E Elem] struct {
 	// Pages is the number of pages of the span (all of Node's pages).
 	Pages int
 	// Device is the span's device pages, nil when it is not in L1.
-	Device []pool.PageID
+	Device []pageid.ID
 	// Host is the span's host pages, nil when it is not in L2.
-	Host []pool.PageID
+	Host []pageid.ID
 }
 
 // Match is the longest cached prefix of a key. It names the deepest matched node
@@ -65,7 +65,7 @@ func (m Match[E]) DevicePages() int {
 }
 
 // AppendDevice appends the device pages of the leading L1 spans to dst.
-func (m Match[E]) AppendDevice(dst []pool.PageID) []pool.PageID {
+func (m Match[E]) AppendDevice(dst []pageid.ID) []pageid.ID {
 	start := len(dst)
 	end := start + m.DevicePages()
 	dst = slices.Grow(dst, end-start)[:end]

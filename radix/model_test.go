@@ -7,30 +7,30 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/stratakv/strata/pageid"
 	"github.com/stratakv/strata/pagekey"
-	"github.com/stratakv/strata/pool"
 )
 
 // pageState is the reference model of one cached page, keyed by its full prefix.
 type pageState struct {
-	device, host pool.PageID // -1 when absent
+	device, host pageid.ID // -1 when absent
 }
 
 // allocator hands out page ids and checks that each comes back once.
 type allocator struct {
-	next pool.PageID
-	live map[pool.PageID]bool
+	next pageid.ID
+	live map[pageid.ID]bool
 }
 
-func newAllocator() *allocator { return &allocator{live: map[pool.PageID]bool{}} }
+func newAllocator() *allocator { return &allocator{live: map[pageid.ID]bool{}} }
 
-func (a *allocator) alloc() pool.PageID {
+func (a *allocator) alloc() pageid.ID {
 	a.next++
 	a.live[a.next] = true
 	return a.next
 }
 
-func (a *allocator) free(t *rapid.T, what string, pages []pool.PageID) {
+func (a *allocator) free(t *rapid.T, what string, pages []pageid.ID) {
 	for _, p := range pages {
 		if !a.live[p] {
 			t.Fatalf("%s page %d freed but not allocated (double free or foreign)", what, p)
@@ -133,8 +133,8 @@ func (m *machine[E]) insertBranches(t *rapid.T) {
 
 func (m *machine[E]) insertKey(t *rapid.T, ns pagekey.Key, key []E) {
 	pages := len(key) / m.ps
-	device := make([]pool.PageID, pages)
-	var wantDup []pool.PageID
+	device := make([]pageid.ID, pages)
+	var wantDup []pageid.ID
 	for p := 0; p < pages; p++ {
 		st, ok := m.model[prefixKey(ns, key[:(p+1)*m.ps])]
 		if ok && st.device >= 0 && rapid.Bool().Draw(t, "reuse") {
@@ -181,7 +181,7 @@ func (m *machine[E]) match(t *rapid.T) {
 	for _, s := range res.Spans() {
 		for i := 0; i < s.Pages; i++ {
 			st := m.model[prefixKey(ns, key[:(p+1)*m.ps])]
-			dev, host := pool.PageID(-1), pool.PageID(-1)
+			dev, host := pageid.ID(-1), pageid.ID(-1)
 			if s.Device != nil {
 				dev = s.Device[i]
 			}
@@ -197,14 +197,14 @@ func (m *machine[E]) match(t *rapid.T) {
 	if p != res.Pages {
 		t.Fatalf("spans hold %d pages, the match %d", p, res.Pages)
 	}
-	var wantDev []pool.PageID
+	var wantDev []pageid.ID
 	for _, s := range res.Spans() {
 		if s.Device == nil {
 			break
 		}
 		wantDev = append(wantDev, s.Device...)
 	}
-	if got := res.AppendDevice([]pool.PageID{-7}); len(got) != 1+len(wantDev) || got[0] != -7 ||
+	if got := res.AppendDevice([]pageid.ID{-7}); len(got) != 1+len(wantDev) || got[0] != -7 ||
 		!slices.Equal(got[1:], wantDev) || res.DevicePages() != len(wantDev) {
 		t.Fatalf("leading L1 pages %v (%d counted), spans say %v", got[1:], res.DevicePages(), wantDev)
 	}
@@ -290,7 +290,7 @@ func (m *machine[E]) backup(t *rapid.T) {
 	}
 	i := rapid.SampledFrom(cand).Draw(t, "node")
 	n, prefix := list[i], prefixes[i]
-	host := make([]pool.PageID, len(n.keys))
+	host := make([]pageid.ID, len(n.keys))
 	for j := range host {
 		host[j] = m.host.alloc()
 	}
@@ -313,7 +313,7 @@ func (m *machine[E]) load(t *rapid.T) {
 	}
 	i := rapid.SampledFrom(cand).Draw(t, "node")
 	n, prefix := list[i], prefixes[i]
-	dev := make([]pool.PageID, len(n.keys))
+	dev := make([]pageid.ID, len(n.keys))
 	for j := range dev {
 		dev[j] = m.dev.alloc()
 	}
@@ -356,12 +356,12 @@ func (m *machine[E]) hostRef(t *rapid.T) {
 
 // applyFrees removes freed pages from the model: a page that lost its device page
 // stays if it has a host page; a page that lost everything leaves.
-func (m *machine[E]) applyFrees(t *rapid.T, device, host []pool.PageID) {
-	devSet := map[pool.PageID]bool{}
+func (m *machine[E]) applyFrees(t *rapid.T, device, host []pageid.ID) {
+	devSet := map[pageid.ID]bool{}
 	for _, p := range device {
 		devSet[p] = true
 	}
-	hostSet := map[pool.PageID]bool{}
+	hostSet := map[pageid.ID]bool{}
 	for _, p := range host {
 		hostSet[p] = true
 	}
@@ -466,7 +466,7 @@ func (m *machine[E]) check(t *rapid.T) {
 		t.Fatal(err)
 	}
 	seen := 0
-	var devHeld, hostHeld []pool.PageID
+	var devHeld, hostHeld []pageid.ID
 	m.tree.Walk(func(ns pagekey.Key, prefix []E, n *Node[E]) bool {
 		pages := len(n.keys)
 		for j := 0; j < pages; j++ {
@@ -475,7 +475,7 @@ func (m *machine[E]) check(t *rapid.T) {
 			if !ok {
 				t.Fatalf("tree holds page %s the model does not", k)
 			}
-			dev, host := pool.PageID(-1), pool.PageID(-1)
+			dev, host := pageid.ID(-1), pageid.ID(-1)
 			if n.device != nil {
 				dev = n.device[j]
 				devHeld = append(devHeld, dev)

@@ -27,8 +27,8 @@ import (
 	"hash/maphash"
 	"strings"
 
+	"github.com/stratakv/strata/pageid"
 	"github.com/stratakv/strata/pagekey"
-	"github.com/stratakv/strata/pool"
 )
 
 // Elem is a key element: a token id or a packed bigram.
@@ -107,9 +107,9 @@ type Node[E Elem] struct {
 	children []*Node[E]
 	index    *childIndex[E] // first page -> child, once a node has many children
 
-	keys   []int32       // token pages in the tree's arena, one per page
-	device []pool.PageID // nil when not in L1
-	host   []pool.PageID // nil when not in L2
+	keys   []int32     // token pages in the tree's arena, one per page
+	device []pageid.ID // nil when not in L1
+	host   []pageid.ID // nil when not in L2
 
 	lockRef        int32
 	hostRef        int32
@@ -185,10 +185,10 @@ func (t *Tree[E]) AppendKey(dst []E, n *Node[E]) []E {
 }
 
 // Device is the node's device pages, nil when it is not in L1. Do not modify it.
-func (n *Node[E]) Device() []pool.PageID { return n.device }
+func (n *Node[E]) Device() []pageid.ID { return n.device }
 
 // Host is the node's host pages, nil when it is not in L2. Do not modify it.
-func (n *Node[E]) Host() []pool.PageID { return n.host }
+func (n *Node[E]) Host() []pageid.ID { return n.host }
 
 // Parent is the node's parent, nil for the root.
 func (n *Node[E]) Parent() *Node[E] { return n.parent }

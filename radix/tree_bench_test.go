@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/stratakv/strata/internal/benchpeer"
-	"github.com/stratakv/strata/pool"
+	"github.com/stratakv/strata/pageid"
 )
 
 const (
@@ -31,9 +31,9 @@ func benchTree(b *testing.B) (*Tree[uint32], []uint32) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	next := pool.PageID(0)
-	devPages := func(n int) []pool.PageID {
-		out := make([]pool.PageID, n)
+	next := pageid.ID(0)
+	devPages := func(n int) []pageid.ID {
+		out := make([]pageid.ID, n)
 		for i := range out {
 			out[i] = next
 			next++
@@ -92,11 +92,11 @@ func BenchmarkInsert131072(b *testing.B) {
 		copy(seqs[i][benchPrefix/2:], randomTokens(r, benchPrefix/2))
 		clones[i] = slices.Clone(seqs[i])
 	}
-	dev := make([]pool.PageID, benchPrefix/benchPage)
+	dev := make([]pageid.ID, benchPrefix/benchPage)
 	shared := tree.Match(noNS, main[:benchPrefix/2]).AppendDevice(nil)
 	copy(dev, shared)
 	for i := len(shared); i < len(dev); i++ {
-		dev[i] = pool.PageID(1<<30 + i)
+		dev[i] = pageid.ID(1<<30 + i)
 	}
 	var inserted []*Node[uint32]
 	// The peer compares the same arrays the inserts read, in the same rotation, so
@@ -162,7 +162,7 @@ func BenchmarkHeapPerPage(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				next := pool.PageID(0)
+				next := pageid.ID(0)
 				for _, s := range seqs {
 					dev := tree.Match(noNS, s).AppendDevice(nil)
 					for len(dev) < len(s)/benchPage {

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stratakv/strata/pageid"
 	"github.com/stratakv/strata/pagekey"
-	"github.com/stratakv/strata/pool"
 )
 
 // noNS is the default namespace.
@@ -24,15 +24,15 @@ func newTree(t *testing.T, ps int, policy Policy) *Tree[uint32] {
 	return tree
 }
 
-func pages(ids ...int) []pool.PageID {
-	out := make([]pool.PageID, len(ids))
+func pages(ids ...int) []pageid.ID {
+	out := make([]pageid.ID, len(ids))
 	for i, id := range ids {
-		out[i] = pool.PageID(id)
+		out[i] = pageid.ID(id)
 	}
 	return out
 }
 
-func mustInsert(t *testing.T, tree *Tree[uint32], key []uint32, dev []pool.PageID) Inserted[uint32] {
+func mustInsert(t *testing.T, tree *Tree[uint32], key []uint32, dev []pageid.ID) Inserted[uint32] {
 	t.Helper()
 	res, err := tree.Insert(noNS, key, dev, nil)
 	if err != nil {
@@ -95,7 +95,7 @@ func TestLRUAndLFUVictimOrder(t *testing.T) {
 		}
 		tree.Match(noNS, []uint32{2})
 		tree.Match(noNS, []uint32{3})
-		var order []pool.PageID
+		var order []pageid.ID
 		for {
 			dev, _ := tree.EvictDevice(1)
 			if len(dev) == 0 {
@@ -582,7 +582,7 @@ func TestPeekNode(t *testing.T) {
 	for _, c := range []struct {
 		key   []uint32
 		pages int
-		last  []pool.PageID // the node's device pages
+		last  []pageid.ID // the node's device pages
 	}{
 		{[]uint32{1, 2, 3, 4, 5, 6, 9}, 3, pages(11, 12)},
 		{[]uint32{1, 2, 3, 4, 9, 9}, 2, pages(11, 12)}, // ends inside the node

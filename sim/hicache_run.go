@@ -15,6 +15,7 @@ import (
 	"github.com/stratakv/strata/hostmem"
 	"github.com/stratakv/strata/kvlayout"
 	"github.com/stratakv/strata/node"
+	"github.com/stratakv/strata/node/redisremote"
 	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 	"github.com/stratakv/strata/storage"
@@ -26,6 +27,7 @@ import (
 // (L1) and, for strata, host pools (L2) and an L3 backend.
 type hicacheRun struct {
 	cache    *hicache.Cache
+	match    func(context.Context, *active, hicache.MatchOptions) (*hicache.Request, error)
 	kv       *kvModel
 	dev      pool.DeviceGroup
 	closeDev func() error
@@ -105,10 +107,16 @@ func newHicacheRun(cfg Config, withL2, withL3 bool) (h *hicacheRun, err error) {
 	if cfg.L3Namespace != "" {
 		hc.L3.Names.ModelPrefix += "-" + cfg.L3Namespace // file names allow no "/"
 	}
-	if h.cache, err = hicache.New(hc, h.dev, h.host, hicache.Options{Storage: h.backend, Logger: log, Faults: cfg.faults}); err != nil {
+	if h.cache, err = hicache.New(hc, h.dev, h.host, hicache.Options{Storage: h.backend, Logger: log}); err != nil {
 		return h, err
 	}
 	h.kv = newKVModel(h.dev, 1)
+	h.match = func(ctx context.Context, a *active, opts hicache.MatchOptions) (*hicache.Request, error) {
+		return h.cache.Match(ctx, a.req.Prompt, opts)
+	}
+	if cfg.overlongServed != nil {
+		h.match = newOverlongMatch(h.cache, h.kv, h.ps, cfg.overlongServed).match
+	}
 	return h, nil
 }
 
@@ -183,6 +191,7 @@ func startEmbeddedNode(cfg Config, log *slog.Logger) (*node.Server, string, erro
 		nc.SpillBytes = cfg.NodeSpillBytes
 	}
 	nc.RemoteAddrs = cfg.Redis
+	nc.OpenRemote = redisremote.Open
 	nc.Logger = log
 	srv, err := node.New(nc)
 	if err != nil {
@@ -262,7 +271,7 @@ func (h *hicacheRun) admit(a *active) (bool, error) {
 		<-prefetch.Done()
 		a.fetchWall = prefetch.Elapsed()
 	}
-	r, err := h.cache.Match(context.Background(), a.req.Prompt, hicache.MatchOptions{Prefetch: prefetch})
+	r, err := h.match(context.Background(), a, hicache.MatchOptions{Prefetch: prefetch})
 	if err != nil {
 		return false, err
 	}

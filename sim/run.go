@@ -16,6 +16,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/stratakv/strata/hicache"
@@ -185,10 +186,12 @@ type Config struct {
 	// cleanup removes temporary directories in the background (BackgroundCleanup).
 	cleanup *cleaner
 
-	// faults injects deliberate bugs into the hicache runs' caches, for the tests
-	// that prove the verification catches them; unexported, so no bench can set
-	// it, and never passed to engine processes.
-	faults *hicache.Faults
+	// overlongServed, when set, makes the hicache runs' matches one page too
+	// long where a request diverges inside a cached span (overlongMatch), and
+	// counts the pages so served: a deliberate bug for the tests that prove the
+	// verification catches it. Unexported, so no bench can set it, and never
+	// passed to engine processes.
+	overlongServed *atomic.Int64
 }
 
 // DefaultConfig is the embedded default of `strata bench`: the multiturn workload

@@ -40,32 +40,26 @@ func (l LongContext) Name() string { return longContextName }
 
 // Validate reports every field that cannot produce a trace, each error wrapping
 // ErrConfig.
-func (l LongContext) Validate() error {
-	c := check{workload: longContextName}
-	c.positive("Documents", l.Documents, "the number of distinct documents")
-	c.positive("DocumentTokens", l.DocumentTokens, "length of each document")
-	c.positive("QuestionsPerDocument", l.QuestionsPerDocument, "prompts about each document")
-	c.positive("QuestionTokens", l.QuestionTokens, "length of each question")
-	c.positive("OutputTokens", l.OutputTokens, "decoded tokens per request")
-	c.rate(l.RequestRate)
-	c.vocab(l.Vocab)
-	c.siblings("Documents", l.Documents, l.Vocab, "documents")
-	c.siblings("QuestionsPerDocument", l.QuestionsPerDocument, l.Vocab, "the questions about a document")
-	if len(c.errs) == 0 {
-		perRequest := add(add(int64(l.DocumentTokens), int64(l.QuestionTokens)), int64(l.OutputTokens))
-		requests := mul(int64(l.Documents), int64(l.QuestionsPerDocument))
-		c.size(requests, mul(requests, perRequest))
-	}
-	return c.err()
-}
+func (l LongContext) Validate() error { return l.shape().validate() }
 
 // Generate builds the trace: Documents*QuestionsPerDocument requests in a shuffled
 // order.
-func (l LongContext) Generate(seed int64) (Trace, error) {
-	if err := l.Validate(); err != nil {
-		return Trace{}, err
+func (l LongContext) Generate(seed int64) (Trace, error) { return l.shape().generate(seed) }
+
+// shape is the trace in the terms it shares with SharedPrefix: a document is a
+// group's prefix, the questions about it its prompts.
+func (l LongContext) shape() prefixedShape {
+	return prefixedShape{
+		workload: longContextName,
+		positive: []namedField{
+			{"Documents", l.Documents, "the number of distinct documents"},
+			{"DocumentTokens", l.DocumentTokens, "length of each document"},
+			{"QuestionsPerDocument", l.QuestionsPerDocument, "prompts about each document"},
+			{"QuestionTokens", l.QuestionTokens, "length of each question"},
+		},
+		groups:    namedField{"Documents", l.Documents, "documents"},
+		perGroup:  namedField{"QuestionsPerDocument", l.QuestionsPerDocument, "the questions about a document"},
+		prefixLen: l.DocumentTokens, questionLen: l.QuestionTokens, outputLen: l.OutputTokens,
+		rate: l.RequestRate, vocab: l.Vocab,
 	}
-	reqs := prefixed(seed, longContextName, l.Vocab, l.Documents, l.QuestionsPerDocument, l.DocumentTokens, l.QuestionTokens, l.OutputTokens)
-	arrive(reqs, seed, longContextName, l.RequestRate)
-	return Trace{Name: longContextName, Seed: seed, Requests: reqs}, nil
 }

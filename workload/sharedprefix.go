@@ -43,33 +43,76 @@ func (s SharedPrefix) Name() string { return sharedPrefixName }
 
 // Validate reports every field that cannot produce a trace, each error wrapping
 // ErrConfig.
-func (s SharedPrefix) Validate() error {
-	c := check{workload: sharedPrefixName}
-	c.positive("Groups", s.Groups, "the number of distinct system prompts")
-	c.positive("PromptsPerGroup", s.PromptsPerGroup, "prompts behind each system prompt")
-	c.positive("SystemTokens", s.SystemTokens, "length of the shared system prompt")
-	c.positive("QuestionTokens", s.QuestionTokens, "length of each prompt's own question")
-	c.positive("OutputTokens", s.OutputTokens, "decoded tokens per request")
-	c.rate(s.RequestRate)
-	c.vocab(s.Vocab)
-	c.siblings("Groups", s.Groups, s.Vocab, "system prompts")
-	c.siblings("PromptsPerGroup", s.PromptsPerGroup, s.Vocab, "the questions of a group")
+func (s SharedPrefix) Validate() error { return s.shape().validate() }
+
+// Generate builds the trace: Groups*PromptsPerGroup requests in a shuffled order.
+func (s SharedPrefix) Generate(seed int64) (Trace, error) { return s.shape().generate(seed) }
+
+func (s SharedPrefix) shape() prefixedShape {
+	return prefixedShape{
+		workload: sharedPrefixName,
+		positive: []namedField{
+			{"Groups", s.Groups, "the number of distinct system prompts"},
+			{"PromptsPerGroup", s.PromptsPerGroup, "prompts behind each system prompt"},
+			{"SystemTokens", s.SystemTokens, "length of the shared system prompt"},
+			{"QuestionTokens", s.QuestionTokens, "length of each prompt's own question"},
+		},
+		groups:    namedField{"Groups", s.Groups, "system prompts"},
+		perGroup:  namedField{"PromptsPerGroup", s.PromptsPerGroup, "the questions of a group"},
+		prefixLen: s.SystemTokens, questionLen: s.QuestionTokens, outputLen: s.OutputTokens,
+		rate: s.RequestRate, vocab: s.Vocab,
+	}
+}
+
+// prefixedShape is a trace of groups whose prompts share a prefix and go on
+// with a question of their own: SharedPrefix and LongContext, which differ
+// only in their proportions and in the names of their fields, which errors use.
+type prefixedShape struct {
+	workload string
+	// positive are the fields that must be positive, in the workload's order
+	// (OutputTokens comes after them).
+	positive []namedField
+	// groups and perGroup must leave their first tokens distinct (what names
+	// the siblings in an error).
+	groups, perGroup                  namedField
+	prefixLen, questionLen, outputLen int
+	rate                              float64
+	vocab                             int
+}
+
+// namedField is a field's name in the workload's terms, its value, and what
+// an error says about it.
+type namedField struct {
+	name string
+	v    int
+	what string
+}
+
+func (p prefixedShape) validate() error {
+	c := check{workload: p.workload}
+	for _, f := range p.positive {
+		c.positive(f.name, f.v, f.what)
+	}
+	c.positive("OutputTokens", p.outputLen, "decoded tokens per request")
+	c.rate(p.rate)
+	c.vocab(p.vocab)
+	c.siblings(p.groups.name, p.groups.v, p.vocab, p.groups.what)
+	c.siblings(p.perGroup.name, p.perGroup.v, p.vocab, p.perGroup.what)
 	if len(c.errs) == 0 {
-		perRequest := add(add(int64(s.SystemTokens), int64(s.QuestionTokens)), int64(s.OutputTokens))
-		requests := mul(int64(s.Groups), int64(s.PromptsPerGroup))
+		perRequest := add(add(int64(p.prefixLen), int64(p.questionLen)), int64(p.outputLen))
+		requests := mul(int64(p.groups.v), int64(p.perGroup.v))
 		c.size(requests, mul(requests, perRequest))
 	}
 	return c.err()
 }
 
-// Generate builds the trace: Groups*PromptsPerGroup requests in a shuffled order.
-func (s SharedPrefix) Generate(seed int64) (Trace, error) {
-	if err := s.Validate(); err != nil {
+func (p prefixedShape) generate(seed int64) (Trace, error) {
+	if err := p.validate(); err != nil {
 		return Trace{}, err
 	}
-	reqs := prefixed(seed, sharedPrefixName, s.Vocab, s.Groups, s.PromptsPerGroup, s.SystemTokens, s.QuestionTokens, s.OutputTokens)
-	arrive(reqs, seed, sharedPrefixName, s.RequestRate)
-	return Trace{Name: sharedPrefixName, Seed: seed, Requests: reqs}, nil
+	reqs := prefixed(seed, p.workload, p.vocab, p.groups.v, p.perGroup.v, p.prefixLen, p.questionLen, p.outputLen)
+	arrive(reqs, seed, p.workload, p.rate)
+	return Trace{Name: p.workload, Seed: seed, Requests: reqs}, nil
 }
 
 // prefixed builds groups*perGroup requests whose prompts are their group's shared

@@ -20,6 +20,7 @@ import (
 	"github.com/stratakv/strata/hostmem"
 	"github.com/stratakv/strata/node"
 	"github.com/stratakv/strata/node/arena"
+	"github.com/stratakv/strata/node/redisremote"
 	"github.com/stratakv/strata/node/wire"
 	"github.com/stratakv/strata/storage"
 )
@@ -455,6 +456,7 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		s.cfg.ArenaFile, s.cfg.ArenaFileFallback = defaultArenaFile(s.cfg.Socket), true
 	}
 	s.cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: s.level}))
+	s.cfg.OpenRemote = redisremote.Open // the remote tier is Redis
 	if err := s.cfg.Validate(); err != nil {
 		return usageError{err}
 	}

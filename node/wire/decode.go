@@ -220,9 +220,7 @@ func (m *HelloReply) unmarshal(b []byte) error {
 		case fHelloReplyStarting:
 			m.Starting, err = f.bool("starting")
 		case fHelloReplyReadyPercent:
-			if m.ReadyPercent, err = f.uint32("ready percent"); err == nil && m.ReadyPercent > 100 {
-				err = malformed("ready percent %d over 100", m.ReadyPercent)
-			}
+			m.ReadyPercent, err = f.uint32("ready percent") // the last one wins; Validate checks it
 		case fHelloReplyWarm:
 			m.Warm, err = f.bool("warm")
 		}
@@ -475,10 +473,7 @@ func windowFields(b []byte) (deadline uint64, slot uint32, err error) {
 		case fBatchDeadlineNS:
 			deadline, err = f.varint("deadline")
 		case fBatchFenceSlot:
-			slot, err = f.uint32("fence slot")
-			if err == nil && slot > FenceSlots {
-				err = malformed("fence slot %d, at most %d", slot, FenceSlots)
-			}
+			slot, err = f.uint32("fence slot") // the last one wins; Validate checks it
 		}
 		if err != nil {
 			return 0, 0, err

@@ -18,12 +18,9 @@ import (
 
 // Object is one object of a batch call: its name, its format, and its body as
 // runs of memory (the source of a put, the destination of a get, whose total
-// length must be the object's).
-type Object struct {
-	Name   string
-	Format storage.Format
-	Runs   [][]byte
-}
+// length must be the object's). It is storage.Object, so that callers (the node
+// service's remote tier) can define the interface they need of the store.
+type Object = storage.Object
 
 // objectOps makes the ops of objs; an object that cannot be stored or read as
 // asked is done with its error already.

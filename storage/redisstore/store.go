@@ -95,7 +95,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
@@ -345,17 +344,12 @@ func (s *Store) RegisterPool(ctx context.Context, spec storage.PoolSpec) error {
 // and EXISTS. A corrupt or partial object found on the way is removed and counts
 // as missing.
 func (s *Store) Exists(ctx context.Context, poolName string, keys []pagekey.Key) (int, error) {
-	ps, done, err := s.begin(poolName, "exists")
+	ps, done, err := s.admit(poolName, "exists", func(*poolState) error { return storage.CheckKeys(keys) })
 	if err != nil {
 		s.stats.fault(err)
 		return 0, err
 	}
 	defer done()
-	if err := storage.CheckKeys(keys); err != nil {
-		err = fmt.Errorf("redis store: exists in pool %q: %w", poolName, err)
-		s.stats.fault(err)
-		return 0, err
-	}
 	ops := make([]*op, 0, len(keys)*ps.parts)
 	for _, k := range keys {
 		for part := 0; part < ps.parts; part++ {
@@ -410,13 +404,9 @@ func (s *Store) Put(ctx context.Context, poolName string, keys []pagekey.Key, pa
 
 // pageOps admits a Get or Put and makes its objects, or returns every key's error.
 func (s *Store) pageOps(poolName, what string, keys []pagekey.Key, pages []pool.PageID) (*poolState, []*op, func(), []error) {
-	ps, done, err := s.begin(poolName, what)
+	ps, done, err := s.admit(poolName, what, func(ps *poolState) error { return storage.CheckBatch(ps.spec, keys, pages) })
 	if err != nil {
 		return nil, nil, nil, s.failAll(len(keys), err)
-	}
-	if err := storage.CheckBatch(ps.spec, keys, pages); err != nil {
-		done()
-		return nil, nil, nil, s.failAll(len(keys), fmt.Errorf("redis store: %s in pool %q: %w", what, poolName, err))
 	}
 	mem := ps.spec.Region.Bytes()
 	ops := make([]*op, 0, len(keys)*ps.parts)
@@ -468,45 +458,6 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// begin admits a call on poolName: the store is open and the pool registered with
-// live memory. The caller calls done when the call ends.
-func (s *Store) begin(poolName, what string) (ps *poolState, done func(), err error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.closed {
-		return nil, nil, fmt.Errorf("redis store: %s: %w", what, storage.ErrClosed)
-	}
-	ps = s.pools[poolName]
-	if ps == nil {
-		return nil, nil, fmt.Errorf("redis store: %s on pool %q, which is not registered; call RegisterPool first: %w", what, poolName, storage.ErrNotRegistered)
-	}
-	if ps.spec.Region.Closed() {
-		return nil, nil, fmt.Errorf("redis store: %s on pool %q, whose memory region was closed; register the pool's new memory: %w", what, poolName, storage.ErrNotRegistered)
-	}
-	s.inflight.Add(1)
-	return ps, s.inflight.Done, nil
-}
-
-// enter admits an object API call.
-func (s *Store) enter(what string) (func(), error) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.closed {
-		return nil, fmt.Errorf("redis store: %s: %w", what, storage.ErrClosed)
-	}
-	s.inflight.Add(1)
-	return s.inflight.Done, nil
-}
-
-// ctxError is the error of a call whose context ended before it began: it wraps
-// the context's error, and storage.ErrTimeout for a deadline.
-func ctxError(what string, err error) error {
-	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("redis store: %s: %w: %w", what, err, storage.ErrTimeout)
-	}
-	return fmt.Errorf("redis store: %s: %w", what, err)
-}
-
 // spanRuns appends the runs of span in mem to dst; a contiguous span is one run.
 func spanRuns(mem []byte, span kvlayout.Span, dst [][]byte) [][]byte {
 	if span.Contiguous() {
@@ -519,12 +470,4 @@ func spanRuns(mem []byte, span kvlayout.Span, dst [][]byte) [][]byte {
 		dst = append(dst, mem[base:end:end])
 	}
 	return dst
-}
-
-// callTimeout returns ctx bounded by CallTimeout.
-func (s *Store) callTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= s.cfg.CallTimeout {
-		return context.WithCancel(ctx)
-	}
-	return context.WithTimeout(ctx, s.cfg.CallTimeout)
 }
