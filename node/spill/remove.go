@@ -91,3 +91,81 @@ func (s *Store) RemoveObjects(ctx context.Context, keys []string) ([]bool, error
 	}
 	return had, nil
 }
+
+// tombAction is what stageTombstone does for a key, given its index entry.
+type tombAction uint8
+
+const (
+	tombSkip  tombAction = iota // no tombstone
+	tombPlace                   // place one now
+	tombWait                    // wait (for the key's newest record to be written, or for puts to go first), then ask again
+)
+
+// stageTombstone appends a tombstone of key when decide, given h's index
+// entry, says so; with forget it also unindexes that entry, in the critical
+// section that places the tombstone, so that no put of the key can be placed
+// between the two. origin is the segment of the remove whose tombstone
+// compaction carries forward, 0 for a new remove. A tombstone is registered
+// with w, when given, so that the caller can wait for it to be written. The
+// caller has the spill wake its waits when ctx ends (wakeOnDone). It reports
+// whether it placed a tombstone and whether it forgot an object.
+func (s *Store) stageTombstone(ctx context.Context, key string, h [16]byte, origin uint32, w *flushWait,
+	decide func(e entry, ok bool) tombAction, forget bool) (placed, forgot bool, err error) {
+	p, forgot, err := s.placeTombstone(ctx, key, h, origin, w, decide, forget)
+	if err != nil || p.seg == nil {
+		return false, forgot, err
+	}
+	defer s.release(p)
+	s.testHook("remove-copy", key)
+	p.fill(header{kind: kindTombstone, hdrLen: p.hdrLen, segment: p.seg.id, recLen: p.rec, format: uint64(origin), key: key}, nil)
+	return true, forgot, nil
+}
+
+func (s *Store) placeTombstone(ctx context.Context, key string, h [16]byte, origin uint32, w *flushWait,
+	decide func(e entry, ok bool) tombAction, forget bool) (placement, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		if err := s.usableLocked(ctx, "remove"); err != nil {
+			return placement{}, false, err
+		}
+		e, ok := s.idx.get(h)
+		switch decide(e, ok) {
+		case tombSkip:
+			return placement{}, false, nil
+		case tombWait:
+			if b := s.cur; ok && b != nil && s.bufferOfLocked(e) == b {
+				s.sealLocked()
+			}
+			s.commitWaiters++
+			s.cond.Wait()
+			s.commitWaiters--
+			continue
+		}
+		p, wait, err := s.placeLocked(key, 0)
+		if err != nil {
+			return placement{}, false, err
+		}
+		if wait {
+			if forget { // a remove or a drop, not compaction
+				s.bufWaiters++
+			}
+			s.cond.Wait()
+			if forget {
+				s.bufWaiters--
+			}
+			continue
+		}
+		forgot := false
+		if forget && ok {
+			forgot = s.forgetLocked(h, e)
+		}
+		p.seg.hints = append(p.seg.hints, hint{kind: kindTombstone, hdrLen: uint32(p.hdrLen), off: p.off, format: uint64(origin), hash: h})
+		p.seg.tombs++
+		p.seg.tombBytes += p.rec
+		if w != nil {
+			w.add(p.buf) // a tombstone always fits a buffer
+		}
+		return p, forgot, nil
+	}
+}

@@ -112,3 +112,55 @@ func (s *Store) directRefused(path string, err error) {
 		s.log.Warn("spill: the filesystem refuses O_DIRECT; using buffered I/O", "dir", s.dir, "file", path, "err", err)
 	}
 }
+
+// rotateLocked seals the current buffer and starts a new segment file.
+func (s *Store) rotateLocked() error {
+	s.sealLocked()
+	id := s.nextID
+	path := s.dir + "/" + segmentName(id)
+	_ = unix.Unlink(s.dir + "/" + hintName(id)) // a stale one must not describe the new segment
+	fd, err := s.openSegment(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL)
+	if err != nil {
+		return ioError("create segment", path, err)
+	}
+	s.nextID++
+	seg := &segment{id: id, path: path, fd: fd}
+	s.segs = append(s.segs, seg)
+	s.byID[id] = seg
+	old := s.active
+	s.active = seg
+	if old != nil && old.pending == 0 {
+		s.hintLocked(old)
+		s.kickLocked(old)
+	}
+	return nil
+}
+
+// hintLocked queues a finished segment for its hint file.
+func (s *Store) hintLocked(seg *segment) {
+	if seg.hinted || seg.broken || seg.dropped {
+		return
+	}
+	seg.hinted = true
+	s.hintSegs = append(s.hintSegs, seg)
+	s.cond.Broadcast()
+}
+
+// releaseLocked ends a read or write on seg's fd.
+func (s *Store) releaseLocked(seg *segment) {
+	if seg.refs--; seg.refs == 0 && seg.dropped {
+		_ = unix.Close(seg.fd)
+	}
+}
+
+// doneWriteLocked ends a write of rec bytes to seg, written or not.
+func (s *Store) doneWriteLocked(seg *segment, rec int64) {
+	seg.pending--
+	s.unwritten -= rec
+	s.releaseLocked(seg)
+	if seg.pending == 0 && seg != s.active {
+		s.hintLocked(seg)
+		s.kickLocked(seg)
+	}
+	s.cond.Broadcast()
+}
