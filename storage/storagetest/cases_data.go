@@ -75,9 +75,7 @@ func (s *suite) testAllocator(t *testing.T) {
 
 // testRoundTrip puts pages of every pool and gets them into other, cleared pages.
 func (s *suite) testRoundTrip(t *testing.T, shared string, layout kvlayout.Kind, pools []pool.PoolSpec) {
-	b := s.backend(t, shared)
-	g := NewGroup(t, b, layout, PageSize, pools)
-	Register(t, b, g)
+	b, g := s.registered(t, shared, layout, pools)
 	keys := Keys(t, 2, 8)
 	for pi, p := range g.Pools() {
 		spec := g.Spec(p.Name())
@@ -115,9 +113,7 @@ func (s *suite) testRoundTrip(t *testing.T, shared string, layout kvlayout.Kind,
 }
 
 func (s *suite) testMissing(t *testing.T) {
-	b := s.backend(t, "missing")
-	g := NewGroup(t, b, kvlayout.PageFirst, PageSize, mhaPools)
-	Register(t, b, g)
+	b, g := s.registered(t, "missing", kvlayout.PageFirst, mhaPools)
 	keys := Keys(t, 3, 8)
 	for _, p := range g.Pools() {
 		spec := g.Spec(p.Name())
@@ -145,9 +141,7 @@ func (s *suite) testMissing(t *testing.T) {
 }
 
 func (s *suite) testWriteOnce(t *testing.T) {
-	b := s.backend(t, "write-once")
-	g := NewGroup(t, b, kvlayout.PageFirst, PageSize, mhaPools)
-	Register(t, b, g)
+	b, g := s.registered(t, "write-once", kvlayout.PageFirst, mhaPools)
 	keys := Keys(t, 4, 2)
 	for _, p := range g.Pools() {
 		spec := g.Spec(p.Name())
@@ -166,9 +160,7 @@ func (s *suite) testWriteOnce(t *testing.T) {
 }
 
 func (s *suite) testBatch(t *testing.T) {
-	b := s.backend(t, "batch")
-	g := NewGroup(t, b, kvlayout.PageFirst, PageSize, mhaPools)
-	Register(t, b, g)
+	b, g := s.registered(t, "batch", kvlayout.PageFirst, mhaPools)
 	name := pagekey.TargetPool
 	spec := g.Spec(name)
 	fillRange(spec, 0, 8, 0)
@@ -207,9 +199,7 @@ func (s *suite) testBatch(t *testing.T) {
 // other formats under the same names: they must never pass for the other pool's.
 func (s *suite) testFormats(t *testing.T) {
 	const shared = "formats"
-	b1 := s.backend(t, shared)
-	g1 := NewGroup(t, b1, kvlayout.PageFirst, PageSize, mhaPools)
-	Register(t, b1, g1)
+	b1, g1 := s.registered(t, shared, kvlayout.PageFirst, mhaPools)
 	keys := Keys(t, 6, 4)
 	kv := g1.Spec(pagekey.TargetPool)
 	fillRange(kv, 0, 4, 0)

@@ -66,9 +66,7 @@ func (s *suite) testShared(t *testing.T) {
 }
 
 func (s *suite) testContext(t *testing.T) {
-	b := s.backend(t, "context")
-	g := NewGroup(t, b, kvlayout.PageFirst, PageSize, mhaPools)
-	Register(t, b, g)
+	b, g := s.registered(t, "context", kvlayout.PageFirst, mhaPools)
 	keys := Keys(t, 9, 4)
 	name := pagekey.TargetPool
 	spec := g.Spec(name)
@@ -107,9 +105,7 @@ func (s *suite) testContext(t *testing.T) {
 }
 
 func (s *suite) testConcurrency(t *testing.T) {
-	b := s.backend(t, "concurrency")
-	g := NewGroup(t, b, kvlayout.PageFirst, PageSize, mhaPools)
-	Register(t, b, g)
+	b, g := s.registered(t, "concurrency", kvlayout.PageFirst, mhaPools)
 	const nkeys, workers, span = 16, 4, 6
 	keys := Keys(t, 10, nkeys)
 	for _, p := range g.Pools() {
@@ -148,9 +144,7 @@ func (s *suite) testConcurrency(t *testing.T) {
 }
 
 func (s *suite) testClose(t *testing.T) {
-	b := s.backend(t, "close")
-	g := NewGroup(t, b, kvlayout.PageFirst, PageSize, mhaPools)
-	Register(t, b, g)
+	b, g := s.registered(t, "close", kvlayout.PageFirst, mhaPools)
 	keys := Keys(t, 11, 2)
 	name := pagekey.TargetPool
 	fillRange(g.Spec(name), 0, 2, 0)

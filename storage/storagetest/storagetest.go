@@ -99,3 +99,13 @@ func (s *suite) backend(t *testing.T, shared string) storage.Backend {
 	})
 	return b
 }
+
+// registered makes a Backend over the store shared, with a group of pools in
+// layout registered on it: how most cases start.
+func (s *suite) registered(t *testing.T, shared string, layout kvlayout.Kind, pools []pool.PoolSpec) (storage.Backend, *Group) {
+	t.Helper()
+	b := s.backend(t, shared)
+	g := NewGroup(t, b, layout, PageSize, pools)
+	Register(t, b, g)
+	return b, g
+}
