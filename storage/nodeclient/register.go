@@ -37,14 +37,31 @@ type poolReg struct {
 	users sync.WaitGroup
 }
 
+// registerOn registers p on conn, a connection being set up that no reader
+// goroutine serves yet, and returns its segment id there.
 func registerOn(ctx context.Context, conn *wire.Conn, p *poolReg) (uint32, error) {
-	m, err := roundTrip(ctx, conn, wire.TypeRegisterSegment, wire.RegisterSegment{Size: p.size, Name: p.spec.Name}, p.fd)
+	m, err := roundTrip(ctx, conn, wire.TypeRegisterSegment, p.request(), p.fd)
 	if err != nil {
 		if st := wire.StatusOf(err); st == wire.Quota || st == wire.BadRange {
-			return 0, fmt.Errorf("node service refused pool %q: %w: %w", p.spec.Name, err, storage.ErrRegistration)
+			return 0, p.refusal(err)
 		}
 		return 0, err
 	}
+	return segmentOf(m)
+}
+
+// request is p's RegisterSegment request; its memfd goes with it.
+func (p *poolReg) request() wire.RegisterSegment {
+	return wire.RegisterSegment{Size: p.size, Name: p.spec.Name}
+}
+
+// refusal is the error of the service refusing to register p.
+func (p *poolReg) refusal(err error) error {
+	return fmt.Errorf("node service refused pool %q: %w: %w", p.spec.Name, err, storage.ErrRegistration)
+}
+
+// segmentOf is the segment id in m, the service's answer to RegisterSegment.
+func segmentOf(m wire.Message) (uint32, error) {
 	r, ok := m.(*wire.RegisterSegmentReply)
 	if !ok {
 		return 0, fmt.Errorf("node service answered %T to RegisterSegment: %w", m, storage.ErrIO)
@@ -121,18 +138,14 @@ func (b *Backend) RegisterPool(ctx context.Context, spec storage.PoolSpec) error
 // without the client learning its id, and a reconnect registers every pool
 // afresh.
 func (b *Backend) registerLive(ctx context.Context, p *poolReg, conn *wire.Conn) error {
-	m, err := b.callOn(ctx, conn, wire.TypeRegisterSegment, wire.RegisterSegment{Size: p.size, Name: p.spec.Name}, p.fd)
+	m, err := b.callOn(ctx, conn, wire.TypeRegisterSegment, p.request(), p.fd)
 	var seg uint32
 	if err == nil {
-		if r, ok := m.(*wire.RegisterSegmentReply); ok {
-			seg = r.SegmentID
-		} else {
-			err = fmt.Errorf("node service answered %T to RegisterSegment: %w", m, storage.ErrIO)
-		}
+		seg, err = segmentOf(m)
 	}
 	refused := errors.Is(err, storage.ErrRegistration) || errors.Is(err, storage.ErrNotRegistered)
 	if refused {
-		err = fmt.Errorf("node service refused pool %q: %w: %w", p.spec.Name, err, storage.ErrRegistration)
+		err = p.refusal(err)
 	}
 	b.mu.Lock()
 	mine := p.conn == conn
