@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/zeebo/xxh3"
+
 	"github.com/stratakv/strata/internal/offheap"
 	"github.com/stratakv/strata/storage"
 )
@@ -222,4 +224,31 @@ func (x *index) close() {
 	x.recs.Close()
 	x.tab.Close()
 	*x = index{n: x.n} // Stats still counts the objects
+}
+
+// entry is where an object's record is, as the index returns it.
+type entry struct {
+	seg    uint32
+	hdrLen uint32
+	off    int64
+	size   int64
+	format uint64
+	// pending: placed by a put that is still copying its bytes; not yet
+	// visible to reads and removes.
+	pending bool
+}
+
+// recLen is the length of e's record: its header, data and padding.
+func recLen(e entry) int64 {
+	if e.hdrLen == block { // written straight from the caller's memory
+		return roundUp(block+e.size, block)
+	}
+	return roundUp(int64(e.hdrLen)+e.size, sector)
+}
+
+// hashKey names key in the index. Two keys of one hash are the one risk of a
+// wrong answer from the index alone (2^-128 a pair); reads compare the key in
+// the record's header, so they never serve the other key's bytes.
+func hashKey(key string) [16]byte {
+	return xxh3.HashString128(key).Bytes()
 }

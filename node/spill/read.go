@@ -298,3 +298,32 @@ func preadFull(fd int, buf []byte, off int64) (int, error) {
 	}
 	return done, nil
 }
+
+// ObjectSize returns the data length of key's object in format: an error
+// wrapping storage.ErrNotFound when the spill has none, and also ErrOtherFormat
+// when it holds one of another format.
+func (s *Store) ObjectSize(ctx context.Context, key string, format storage.Format) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, ctxError("stat", err)
+	}
+	if err := s.begin("stat", key); err != nil {
+		return 0, err
+	}
+	defer s.end()
+	e, ok := s.lookup(hashKey(key))
+	switch {
+	case !ok:
+		return 0, fmt.Errorf("spill: object %s: %w", key, storage.ErrNotFound)
+	case e.format != uint64(format):
+		return 0, fmt.Errorf("spill: object %s is stored in format %#x, not %#x: %w (%w)", key, e.format, uint64(format), storage.ErrNotFound, ErrOtherFormat)
+	}
+	return e.size, nil
+}
+
+// lookup returns h's indexed object; one still being put is not there yet.
+func (s *Store) lookup(h [16]byte) (entry, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.idx.get(h)
+	return e, ok && !e.pending
+}
