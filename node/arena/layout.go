@@ -12,9 +12,10 @@ import (
 // in the arena's mapping (a file on tmpfs or hugetlbfs, or anonymous memory,
 // laid out the same way):
 //
-//   - the superblock (file.go): the arena's geometry, a format version, the
-//     secret that keys every checksum below, and the counters that outlive a
-//     process (starts, the content id, whether the last run shut down cleanly);
+//   - the superblock (superblock.go): the arena's geometry, a format
+//     version, the secret that keys every checksum below, and the counters
+//     that outlive a process (starts, the content id, whether the last run
+//     shut down cleanly);
 //   - the unit map: one 32-bit word per unit of the data region, nonzero only
 //     at the first unit of an allocated extent, saying what the extent is (a
 //     slab of which class, or a large object's bytes) and how many units it
