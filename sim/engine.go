@@ -73,6 +73,16 @@ type engineSim struct {
 	// waits and holds are every admitted request's queueing and time in the
 	// engine, in admission order (the event loop only).
 	waits, holds []time.Duration
+	// trackL3 records in l3Hits when each request with L3 hits was admitted.
+	trackL3 bool
+	l3Hits  []L3HitAt
+}
+
+// noteL3 records a's L3 hits, with trackL3; the caller serialises it.
+func (e *engineSim) noteL3(a *active) {
+	if e.trackL3 && a.hitL3 > 0 {
+		e.l3Hits = append(e.l3Hits, L3HitAt{UnixNano: time.Now().UnixNano(), Tokens: int64(a.hitL3)})
+	}
 }
 
 type finishQueue []*active
@@ -190,6 +200,7 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 			out.HitTokens.L1 += int64(a.hitL1)
 			out.HitTokens.L2 += int64(a.hitL2)
 			out.HitTokens.L3 += int64(a.hitL3)
+			e.noteL3(a)
 			out.PromptTokens += int64(len(a.req.Prompt))
 			a.doneAt = now + compute + time.Duration(len(a.req.Output))*decodeStep
 			e.waits = append(e.waits, queued)

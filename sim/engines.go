@@ -32,6 +32,8 @@ type EngineJob struct {
 	Engine         int             `json:"engine"`
 	Engines        int             `json:"engines"`
 	Socket         string          `json:"socket"`
+	// TrackL3Hits makes the engine report when each L3 hit came.
+	TrackL3Hits bool `json:"trackL3Hits,omitempty"`
 }
 
 // EngineResult is what an engine process reports back.
@@ -47,7 +49,9 @@ type EngineResult struct {
 	// cross-node count.
 	ComputedPages []uint64 `json:"computedPages"`
 	L3HitPages    []uint64 `json:"l3HitPages"`
-	PID           int      `json:"pid"`
+	// L3HitTimes is when each L3 hit came (EngineJob.TrackL3Hits).
+	L3HitTimes []L3HitAt `json:"l3HitTimes,omitempty"`
+	PID        int       `json:"pid"`
 }
 
 // share is engine e's requests of the trace: every Engines-th one, as a router
@@ -104,10 +108,10 @@ func RunEngine(ctx context.Context, job EngineJob, progress io.Writer) (*EngineR
 	if progress != nil {
 		p.onStep = func(done int) { _, _ = fmt.Fprintf(progress, "%s%d\n", engineProgressPrefix, done) }
 	}
-	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: p}
+	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: p, trackL3: job.TrackL3Hits}
 	err = e.serve(ctx, mine, &rr, cfg.Concurrent)
 	res := &EngineResult{Run: rr, TTFTms: e.ttfts, CrossEngineHitTokens: run.cross,
-		ComputedPages: slices.Collect(maps.Keys(run.computed)), L3HitPages: run.l3Hits, PID: os.Getpid()}
+		ComputedPages: slices.Collect(maps.Keys(run.computed)), L3HitPages: run.l3Hits, L3HitTimes: e.l3Hits, PID: os.Getpid()}
 	return res, errors.Join(err, run.close())
 }
 
@@ -145,9 +149,9 @@ func (t *progressTap) Write(p []byte) (int, error) {
 	}
 }
 
-func runEngines(ctx context.Context, cfg Config, gen workload.Generator, requests int, log *slog.Logger) (RunReport, error) {
+func runEngines(ctx context.Context, cfg Config, gen workload.Generator, name string, requests int, log *slog.Logger) (RunReport, error) {
 	engines, nodes := cfg.engines(), cfg.nodes()
-	rr := RunReport{Name: RunStrata, Engines: engines}
+	rr := RunReport{Name: name, Engines: engines}
 	switch {
 	case cfg.L3 == L3Redis:
 		rr.Description = fmt.Sprintf("%d engine processes, each L1 + L2 (%gx host), sharing Redis as L3", engines, cfg.L2Ratio)
@@ -193,7 +197,11 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, request
 		progress = NewProgress(discard{}, false)
 	}
 	// The bar counts requests across every engine.
-	progress.Start(fmt.Sprintf("strata (%d engines)", engines), requests)
+	progress.Start(fmt.Sprintf("%s (%d engines)", name, engines), requests)
+	if cfg.watch != nil {
+		progress.watch = cfg.watch
+		defer func() { progress.watch = nil }()
+	}
 	perEngine := make([]int, engines)
 	var mu sync.Mutex
 	stepEngine := func(e, done int) {
@@ -207,7 +215,7 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, request
 		progress.Step(sum)
 	}
 	for e := range engines {
-		job := EngineJob{Config: cfg, Workload: gen.Name(), WorkloadConfig: wcfg, Engine: e, Engines: engines}
+		job := EngineJob{Config: cfg, Workload: gen.Name(), WorkloadConfig: wcfg, Engine: e, Engines: engines, TrackL3Hits: cfg.trackL3Hits}
 		if len(sockets) > 0 {
 			job.Socket = sockets[e%len(sockets)]
 		}
@@ -264,6 +272,7 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, request
 			rr.Backlog = r.Backlog
 		}
 		ttfts = append(ttfts, res.TTFTms...)
+		rr.l3HitTimes = append(rr.l3HitTimes, res.L3HitTimes...)
 		if r.L3 != nil {
 			if l3 == nil {
 				l3 = &L3Report{Backend: r.L3.Backend, Pools: r.L3.Pools, Faults: map[string]int64{}}
@@ -280,6 +289,8 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, request
 			for k, v := range r.L3.Faults {
 				l3.Faults[k] += v
 			}
+			l3.Refills += r.L3.Refills
+			l3.RefillPages += r.L3.RefillPages
 		}
 	}
 	rr.L3 = l3

@@ -173,6 +173,12 @@ type Config struct {
 	// running when Run returns, so that the report is out seconds earlier; the
 	// caller must then call Report.WaitCleanup.
 	BackgroundCleanup bool `json:"-"`
+	// Restart, with a Mode, runs the strata run twice on a node service the
+	// bench starts as a child `strata serve` process on an arena file: once as
+	// it is, and once with the service signalled and started again at a point
+	// of the run (RestartPlan), and reports the second's L3 hits over the
+	// first's (Report.Restart).
+	Restart RestartPlan `json:"restart,omitzero"`
 	// Progress reports each run's progress; nil is silent.
 	Progress *Progress `json:"-"`
 	// Logger receives warnings; nil means slog.Default().
@@ -184,6 +190,12 @@ type Config struct {
 
 	// cleanup removes temporary directories in the background (BackgroundCleanup).
 	cleanup *cleaner
+
+	// watch, when set, sees the strata run's count of requests served (over
+	// every engine), and trackL3Hits makes the run record when each L3 hit
+	// came: the restart experiment's trigger and its count of hits after.
+	watch       func(done int)
+	trackL3Hits bool
 
 	// faults injects deliberate bugs into the hicache runs' caches, for the tests
 	// that prove the verification catches them; unexported, so no bench can set
@@ -286,7 +298,10 @@ func (c Config) Validate() error {
 			return fmt.Errorf("run %q: want %s, %s or %s: %w", r, RunL1Only, RunCeiling, RunStrata, ErrConfig)
 		}
 	}
-	return nil
+	if c.Restart.Mode != "" && len(c.Runs) > 0 && !slices.Contains(c.Runs, RunStrata) {
+		return fmt.Errorf("a restart of the node service happens in the %s run, and the runs are %s: %w", RunStrata, strings.Join(c.Runs, ","), ErrConfig)
+	}
+	return c.Restart.validate(c)
 }
 
 // engines is the number of engine processes of the strata run: Engines, or one per
@@ -452,8 +467,17 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	}
 	maxPages := int((trace.PromptTokens()+trace.OutputTokens())/int64(cfg.PageSize)) + 1
 	for _, name := range runs {
+		if name == RunStrata && cfg.Restart.Mode != "" {
+			rrs, rs, err := runRestartExperiment(ctx, cfg, gen, trace, maxPages, log)
+			if err != nil {
+				return nil, err
+			}
+			rep.Runs = append(rep.Runs, rrs...)
+			rep.Restart = rs
+			continue
+		}
 		if name == RunStrata && cfg.engines() > 1 {
-			rr, err := runEngines(ctx, cfg, gen, len(trace.Requests), log)
+			rr, err := runEngines(ctx, cfg, gen, name, len(trace.Requests), log)
 			if err != nil {
 				return nil, fmt.Errorf("run %s: %w", name, err)
 			}
@@ -534,7 +558,12 @@ func runOne(ctx context.Context, cfg Config, name string, trace workload.Trace, 
 		progress = NewProgress(discard{}, false)
 	}
 	progress.Start(name, len(trace.Requests))
-	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: progress}
+	if cfg.watch != nil {
+		progress.watch = cfg.watch
+		defer func() { progress.watch = nil }()
+	}
+	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: progress, trackL3: cfg.trackL3Hits}
+	defer func() { rr.l3HitTimes = e.l3Hits }()
 	if name == RunCeiling {
 		// The ceiling is a bound on what any order of the trace can hit; it keeps
 		// the event loop.
