@@ -32,8 +32,11 @@ type EngineJob struct {
 	Engine         int             `json:"engine"`
 	Engines        int             `json:"engines"`
 	Socket         string          `json:"socket"`
-	// TrackL3Hits makes the engine report when each L3 hit came.
-	TrackL3Hits bool `json:"trackL3Hits,omitempty"`
+	// TrackL3Hits makes the engine report when each L3 hit came, and
+	// HoldAt, above 0, makes it wait at that fraction of its requests until
+	// its L3 client has reconnected (the restart experiment).
+	TrackL3Hits bool    `json:"trackL3Hits,omitempty"`
+	HoldAt      float64 `json:"holdAt,omitempty"`
 }
 
 // EngineResult is what an engine process reports back.
@@ -51,7 +54,9 @@ type EngineResult struct {
 	L3HitPages    []uint64 `json:"l3HitPages"`
 	// L3HitTimes is when each L3 hit came (EngineJob.TrackL3Hits).
 	L3HitTimes []L3HitAt `json:"l3HitTimes,omitempty"`
-	PID        int       `json:"pid"`
+	// Held is how long the engine waited for its L3 client to reconnect.
+	Held Duration `json:"held,omitempty"`
+	PID  int      `json:"pid"`
 }
 
 // share is engine e's requests of the trace: every Engines-th one, as a router
@@ -108,11 +113,17 @@ func RunEngine(ctx context.Context, job EngineJob, progress io.Writer) (*EngineR
 	if progress != nil {
 		p.onStep = func(done int) { _, _ = fmt.Fprintf(progress, "%s%d\n", engineProgressPrefix, done) }
 	}
+	var hold *reconnectHold
+	if job.HoldAt > 0 {
+		hold = newReconnectHold(run.backend, job.HoldAt, len(mine.Requests))
+		p.watch = hold.watch
+	}
 	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: p, trackL3: job.TrackL3Hits}
 	err = e.serve(ctx, mine, &rr, cfg.Concurrent)
 	res := &EngineResult{Run: rr, TTFTms: e.ttfts, CrossEngineHitTokens: run.cross,
-		ComputedPages: slices.Collect(maps.Keys(run.computed)), L3HitPages: run.l3Hits, L3HitTimes: e.l3Hits, PID: os.Getpid()}
-	return res, errors.Join(err, run.close())
+		ComputedPages: slices.Collect(maps.Keys(run.computed)), L3HitPages: run.l3Hits, L3HitTimes: e.l3Hits,
+		Held: Duration(hold.waited()), PID: os.Getpid()}
+	return res, errors.Join(err, hold.failed(), run.close())
 }
 
 // runEngines runs the strata run as several engine processes sharing L3 (one node
@@ -215,7 +226,7 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, name st
 		progress.Step(sum)
 	}
 	for e := range engines {
-		job := EngineJob{Config: cfg, Workload: gen.Name(), WorkloadConfig: wcfg, Engine: e, Engines: engines, TrackL3Hits: cfg.trackL3Hits}
+		job := EngineJob{Config: cfg, Workload: gen.Name(), WorkloadConfig: wcfg, Engine: e, Engines: engines, TrackL3Hits: cfg.trackL3Hits, HoldAt: cfg.holdAt}
 		if len(sockets) > 0 {
 			job.Socket = sockets[e%len(sockets)]
 		}
@@ -273,6 +284,7 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, name st
 		}
 		ttfts = append(ttfts, res.TTFTms...)
 		rr.l3HitTimes = append(rr.l3HitTimes, res.L3HitTimes...)
+		rr.held = max(rr.held, time.Duration(res.Held))
 		if r.L3 != nil {
 			if l3 == nil {
 				l3 = &L3Report{Backend: r.L3.Backend, Pools: r.L3.Pools, Faults: map[string]int64{}}

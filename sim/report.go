@@ -133,8 +133,11 @@ type RunReport struct {
 	// Elapsed is the wall time of the run.
 	Elapsed Duration `json:"elapsed"`
 
-	// l3HitTimes is when each L3 hit came (Config.trackL3Hits).
+	// l3HitTimes is when each L3 hit came (Config.trackL3Hits), and held how
+	// long the run waited for its L3 client to reconnect (Config.holdAt; the
+	// longest of its engines).
 	l3HitTimes []L3HitAt
+	held       time.Duration
 }
 
 // TierTokens is a token count per tier.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stratakv/strata/node"
+	"github.com/stratakv/strata/storage"
 	"github.com/stratakv/strata/workload"
 )
 
@@ -92,6 +93,13 @@ type RestartReport struct {
 	// time from the signal to its start being over (its objects recovered).
 	Down  Duration `json:"down"`
 	Ready Duration `json:"ready"`
+	// HoldAt is the fraction of its requests at which each engine waits, if
+	// it must, until its L3 client has reconnected to the restarted service,
+	// so that the restart ends inside the run however fast the replay goes;
+	// Held is the longest any engine waited. The wait is wall time between
+	// requests: the modelled TTFT does not count it.
+	HoldAt float64  `json:"hold_at"`
+	Held   Duration `json:"held"`
 	// ObjectsBefore is what the service held just before the signal;
 	// Recovered, Lost and LostEvicted are what the restarted one reports it
 	// found, dropped as damaged, and lost of the last evictions to the spill.
@@ -160,7 +168,7 @@ func runOnChild(ctx context.Context, cfg Config, name string, gen workload.Gener
 	var r *restarter
 	if plan != nil {
 		r = &restarter{child: child, plan: *plan, at: max(1, int(math.Ceil(plan.At*float64(len(trace.Requests))))), done: make(chan struct{})}
-		cfg.watch, cfg.trackL3Hits = r.watch, true
+		cfg.watch, cfg.trackL3Hits, cfg.holdAt = r.watch, true, plan.holdAt()
 	}
 	if cfg.engines() > 1 {
 		rr, err = runEngines(ctx, cfg, gen, name, len(trace.Requests), log)
@@ -172,6 +180,9 @@ func runOnChild(ctx context.Context, cfg Config, name string, gen workload.Gener
 	}
 	rr.Description += fmt.Sprintf("; the node service %s after %d requests", r.verb(), r.at)
 	rs, err = r.finish(rr.l3HitTimes)
+	if rs != nil {
+		rs.HoldAt, rs.Held = plan.holdAt(), Duration(rr.held)
+	}
 	return rr, rs, err
 }
 
@@ -273,4 +284,61 @@ func (r *restarter) finish(hits []L3HitAt) (*RestartReport, error) {
 		}
 	}
 	return rs, nil
+}
+
+// holdAt is where the run waits for the restarted service (RestartReport.HoldAt):
+// halfway from the restart point to the end.
+func (p RestartPlan) holdAt() float64 { return p.At + (1-p.At)/2 }
+
+// reconnectHold makes a run wait, once it has served its at-th request, until
+// its L3 client has connected again since the run began (storage.EpochOf
+// moved): the restart is then over for this engine, and what follows runs on
+// the restarted service. The wait is bounded by the child service's stop and
+// start timeouts. A nil *reconnectHold holds nothing.
+type reconnectHold struct {
+	backend storage.Backend
+	at      int
+	first   uint64
+	once    sync.Once
+	held    time.Duration
+	err     error
+}
+
+func newReconnectHold(b storage.Backend, frac float64, requests int) *reconnectHold {
+	if b == nil {
+		return nil
+	}
+	return &reconnectHold{backend: b, at: max(1, int(math.Ceil(frac*float64(requests)))), first: storage.EpochOf(b)}
+}
+
+func (h *reconnectHold) watch(done int) {
+	if h == nil || done < h.at {
+		return
+	}
+	h.once.Do(func() {
+		start := time.Now()
+		limit := childStopTimeout + childStartTimeout
+		for storage.EpochOf(h.backend) <= h.first {
+			if time.Since(start) > limit {
+				h.err = fmt.Errorf("the L3 client did not reconnect to the restarted node service within %v of request %d", limit, h.at)
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		h.held = time.Since(start)
+	})
+}
+
+func (h *reconnectHold) waited() time.Duration {
+	if h == nil {
+		return 0
+	}
+	return h.held
+}
+
+func (h *reconnectHold) failed() error {
+	if h == nil {
+		return nil
+	}
+	return h.err
 }

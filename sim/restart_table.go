@@ -27,6 +27,8 @@ func (r *Report) writeRestart(buf *bytes.Buffer) {
 	fmt.Fprintf(tw, "  when\t%s run, after %d of %d requests (%.0f%%): %s\n", rs.Run, rs.AtRequest, r.Requests, pct, how)
 	fmt.Fprintf(tw, "  unreachable\t%s from the signal to the restarted service's first answer; ready (start over) after %s\n",
 		formatMillisDuration(rs.Down), formatMillisDuration(rs.Ready))
+	fmt.Fprintf(tw, "  held\tengines waited up to %s at %.0f%% of their requests for their L3 client to reconnect, so that the restart ends inside the run (wall time, not in TTFT)\n",
+		formatMillisDuration(rs.Held), 100*rs.HoldAt)
 	start := "cold (" + rs.ColdReason + ")"
 	if rs.Warm {
 		start = "warm"

@@ -196,6 +196,9 @@ type Config struct {
 	// came: the restart experiment's trigger and its count of hits after.
 	watch       func(done int)
 	trackL3Hits bool
+	// holdAt, above 0, makes the strata run wait at that fraction of its
+	// requests until its L3 client has reconnected (reconnectHold).
+	holdAt float64
 
 	// faults injects deliberate bugs into the hicache runs' caches, for the tests
 	// that prove the verification catches them; unexported, so no bench can set
@@ -558,12 +561,24 @@ func runOne(ctx context.Context, cfg Config, name string, trace workload.Trace, 
 		progress = NewProgress(discard{}, false)
 	}
 	progress.Start(name, len(trace.Requests))
-	if cfg.watch != nil {
-		progress.watch = cfg.watch
+	var hold *reconnectHold
+	if hr, ok := run.(*hicacheRun); ok && cfg.holdAt > 0 {
+		hold = newReconnectHold(hr.backend, cfg.holdAt, len(trace.Requests))
+	}
+	if cfg.watch != nil || hold != nil {
+		progress.watch = func(done int) {
+			if cfg.watch != nil {
+				cfg.watch(done)
+			}
+			hold.watch(done)
+		}
 		defer func() { progress.watch = nil }()
 	}
 	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: progress, trackL3: cfg.trackL3Hits}
-	defer func() { rr.l3HitTimes = e.l3Hits }()
+	defer func() {
+		rr.l3HitTimes, rr.held = e.l3Hits, hold.waited()
+		err = errors.Join(err, hold.failed())
+	}()
 	if name == RunCeiling {
 		// The ceiling is a bound on what any order of the trace can hit; it keeps
 		// the event loop.
