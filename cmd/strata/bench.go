@@ -55,7 +55,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	draftPolicy := fs.String("draft-policy", def.DraftPolicy.String(), "required or best_effort")
 	jsonPath := fs.String("json", "", "write the full report as JSON to this file (default: none)")
 	plotPath := fs.String("plot", "", "write a PNG of hit ratio and TTFT per run to this file, named .png (default: none)")
-	restartNode := fs.String("restart-node", "", "node L3: run the node service as a child `strata serve` on an arena file (on /dev/shm) and restart it inside the strata run: kill (SIGKILL, then a warm restart on the same file), term (SIGTERM, a clean shutdown, then the same) or cold (SIGKILL and the file deleted: the engines refill it from L2); the strata run goes twice, without and with the restart, and the report gives the L3 hit tokens of one over the other (default: no restart)")
+	restartNode := fs.String("restart-node", "", describeRestart())
 	restartAt := fs.Float64("restart-at", sim.DefaultRestartAt, "with --restart-node: restart when this fraction of the strata run's requests has been served")
 	// Workload shape: the flags show each workload's defaults, and only the
 	// flags given change it.
@@ -82,6 +82,9 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		printFlags(fs)
 	}
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := checkBenchFlags(fs, *l3, splitList(*runs), *socket, *plotPath); err != nil {
 		return err
 	}
 	if *nodes < 1 {
@@ -132,6 +135,9 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	cfg.L3, cfg.L3Dir, cfg.NodeSocket, cfg.Engines, cfg.Nodes = *l3, *l3Dir, *socket, *engines, *nodes
 	cfg.Redis = splitList(*redisAddrs)
 	cfg.Restart = sim.RestartPlan{Mode: *restartNode, At: *restartAt}
+	if err := checkRestartFlags(cfg); err != nil {
+		return err
+	}
 	if cfg.NodeArenaBytes, err = parseBytes(*nodeArena); err != nil {
 		return usagef("--node-arena: %w", err)
 	}

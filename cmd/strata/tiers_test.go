@@ -75,7 +75,7 @@ func TestBenchTiersBadFlagsExitTwo(t *testing.T) {
 		msg  string
 	}{
 		{[]string{"--backend", "memcached"}, "--backend: backend \"memcached\": the storage benchmark can measure file, node, redis"},
-		{[]string{"--redis", "127.0.0.1:6379"}, "--redis: redis settings are for the redis backend, not file"},
+		{[]string{"--redis", "127.0.0.1:6379"}, "--redis applies only to --backend redis"},
 		{[]string{"--backend", "redis", "--redis", "127.0.0.1:6379", "--redis-cluster"}, "--redis and --redis-cluster"},
 		{[]string{"--batches", "0"}, "--batches"},
 		{[]string{"--pages-per-batch", "200"}, "--pages-per-batch"},
@@ -89,7 +89,7 @@ func TestBenchTiersBadFlagsExitTwo(t *testing.T) {
 		{[]string{"--nope"}, "nope"},
 		{[]string{"extra"}, "unexpected argument"},
 		{[]string{"--dir", filepath.Join(dir, "missing")}, "--dir"},
-		{[]string{"--socket", filepath.Join(dir, "node.sock")}, "--socket is for --backend node"},
+		{[]string{"--socket", filepath.Join(dir, "node.sock")}, "--socket applies only to --backend node"},
 	} {
 		code, out, errs := runCLI(t, "", append([]string{"bench", "tiers"}, c.args...)...)
 		if code != 2 || out != "" || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, c.msg) {
