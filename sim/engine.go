@@ -76,6 +76,21 @@ type engineSim struct {
 	// trackL3 records in l3Hits when each request with L3 hits was admitted.
 	trackL3 bool
 	l3Hits  []L3HitAt
+	// paced replays the trace in real time (Config.paced).
+	paced bool
+}
+
+// pace waits, in a paced replay, until the wall time since start reaches the
+// simulated time now: requests then arrive at their trace times, and an
+// outage of the L3 meets the requests that arrive while it lasts, as in a
+// deployment, not however many the replay gets through meanwhile. A replay
+// that falls behind goes on at once.
+func (e *engineSim) pace(start time.Time, now time.Duration) {
+	if e.paced {
+		if d := time.Until(start.Add(now)); d > 0 {
+			time.Sleep(d)
+		}
+	}
 }
 
 // noteL3 records a's L3 hits, with trackL3; the caller serialises it.
@@ -124,6 +139,7 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 		if len(running) > 0 && running[0].doneAt <= arrival {
 			a := heap.Pop(&running).(*active)
 			now = a.doneAt
+			e.pace(start, now)
 			if err := e.run.finish(a); err != nil {
 				return err
 			}
@@ -134,6 +150,7 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 			e.progress.Step(done)
 		} else if next < len(trace.Requests) {
 			now = arrival
+			e.pace(start, now)
 			r := &trace.Requests[next]
 			next++
 			tokens := make([]uint32, 0, len(r.Prompt)+len(r.Output))

@@ -37,6 +37,8 @@ type EngineJob struct {
 	// its L3 client has reconnected (the restart experiment).
 	TrackL3Hits bool    `json:"trackL3Hits,omitempty"`
 	HoldAt      float64 `json:"holdAt,omitempty"`
+	// Paced replays the engine's share in real time (engineSim.pace).
+	Paced bool `json:"paced,omitempty"`
 }
 
 // EngineResult is what an engine process reports back.
@@ -118,7 +120,7 @@ func RunEngine(ctx context.Context, job EngineJob, progress io.Writer) (*EngineR
 		hold = newReconnectHold(run.backend, job.HoldAt, len(mine.Requests))
 		p.watch = hold.watch
 	}
-	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: p, trackL3: job.TrackL3Hits}
+	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: p, trackL3: job.TrackL3Hits, paced: job.Paced}
 	err = e.serve(ctx, mine, &rr, cfg.Concurrent)
 	res := &EngineResult{Run: rr, TTFTms: e.ttfts, CrossEngineHitTokens: run.cross,
 		ComputedPages: slices.Collect(maps.Keys(run.computed)), L3HitPages: run.l3Hits, L3HitTimes: e.l3Hits,
@@ -226,7 +228,7 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, name st
 		progress.Step(sum)
 	}
 	for e := range engines {
-		job := EngineJob{Config: cfg, Workload: gen.Name(), WorkloadConfig: wcfg, Engine: e, Engines: engines, TrackL3Hits: cfg.trackL3Hits, HoldAt: cfg.holdAt}
+		job := EngineJob{Config: cfg, Workload: gen.Name(), WorkloadConfig: wcfg, Engine: e, Engines: engines, TrackL3Hits: cfg.trackL3Hits, HoldAt: cfg.holdAt, Paced: cfg.paced}
 		if len(sockets) > 0 {
 			job.Socket = sockets[e%len(sockets)]
 		}

@@ -103,7 +103,11 @@ type RestartReport struct {
 	// ObjectsBefore is what the service held just before the signal;
 	// Recovered, Lost and LostEvicted are what the restarted one reports it
 	// found, dropped as damaged, and lost of the last evictions to the spill.
-	ObjectsBefore int64  `json:"objects_before"`
+	ObjectsBefore int64 `json:"objects_before"`
+	// SpillBefore and SpillAfter are the objects the service's spill held
+	// just before the signal and once the restarted service was ready.
+	SpillBefore   int64  `json:"spill_before"`
+	SpillAfter    int64  `json:"spill_after"`
 	Warm          bool   `json:"warm"`
 	ColdReason    string `json:"cold_reason,omitempty"`
 	PreviousClean bool   `json:"previous_clean"`
@@ -164,7 +168,9 @@ func runOnChild(ctx context.Context, cfg Config, name string, gen workload.Gener
 		return rr, nil, err
 	}
 	defer func() { err = errors.Join(err, child.close()) }()
-	cfg.NodeSocket, cfg.Restart = child.socket, RestartPlan{}
+	// Both runs replay the trace in real time, so that the outage meets the
+	// requests that arrive while it lasts (engineSim.pace).
+	cfg.NodeSocket, cfg.Restart, cfg.paced = child.socket, RestartPlan{}, true
 	var r *restarter
 	if plan != nil {
 		r = &restarter{child: child, plan: *plan, at: max(1, int(math.Ceil(plan.At*float64(len(trace.Requests))))), done: make(chan struct{})}
@@ -198,6 +204,7 @@ type restarter struct {
 
 	atRequest     int
 	objectsBefore int64
+	spillBefore   int64
 	signalled     time.Time
 	back          time.Time // the restarted service's first answered Hello
 	ready         time.Time // its start over
@@ -229,6 +236,9 @@ func (r *restarter) restart() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	if st, err := r.child.stats(ctx); err == nil {
 		r.objectsBefore = st.Arena.Objects
+		if st.Spill != nil {
+			r.spillBefore = st.Spill.Objects
+		}
 	}
 	cancel()
 	sig := syscall.SIGKILL
@@ -273,7 +283,10 @@ func (r *restarter) finish(hits []L3HitAt) (*RestartReport, error) {
 	rs := &RestartReport{Mode: r.plan.Mode, At: r.plan.At, AtRequest: r.atRequest, Restarted: 1, ServiceRestarts: s.Restarts,
 		Down: Duration(r.back.Sub(r.signalled)), Ready: Duration(r.ready.Sub(r.signalled)),
 		ObjectsBefore: r.objectsBefore, Warm: s.Warm, ColdReason: s.ColdReason, PreviousClean: s.PreviousClean,
-		Recovered: s.Recovered, Lost: s.Lost, LostEvicted: s.LostEvicted}
+		Recovered: s.Recovered, Lost: s.Lost, LostEvicted: s.LostEvicted, SpillBefore: r.spillBefore}
+	if r.st.Spill != nil {
+		rs.SpillAfter = r.st.Spill.Objects
+	}
 	from, back := r.signalled.UnixNano(), r.back.UnixNano()
 	for _, h := range hits {
 		switch {

@@ -33,8 +33,8 @@ func (r *Report) writeRestart(buf *bytes.Buffer) {
 	if rs.Warm {
 		start = "warm"
 	}
-	fmt.Fprintf(tw, "  objects\t%s held before the signal; the restarted service started %s: %s recovered, %d lost (damaged), %d lost in the spill's write buffers\n",
-		groupDigits(rs.ObjectsBefore), start, groupDigits(rs.Recovered), rs.Lost, rs.LostEvicted)
+	fmt.Fprintf(tw, "  objects\t%s in the arena before the signal; the restarted service started %s: %s recovered, %d lost (damaged), %d lost in the spill's write buffers; spill %s objects before, %s after\n",
+		groupDigits(rs.ObjectsBefore), start, groupDigits(rs.Recovered), rs.Lost, rs.LostEvicted, groupDigits(rs.SpillBefore), groupDigits(rs.SpillAfter))
 	fmt.Fprintf(tw, "  restarts\t%d by the bench; the service counts %d on its arena file; previous shutdown clean: %t\n",
 		rs.Restarted, rs.ServiceRestarts, rs.PreviousClean)
 	fmt.Fprintf(tw, "  L3 hit tokens\t%s with the restart (%s while the service was down, %s after it answered again), %s in %s without; %d refills of %s pages from L2\n",

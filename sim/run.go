@@ -197,8 +197,10 @@ type Config struct {
 	watch       func(done int)
 	trackL3Hits bool
 	// holdAt, above 0, makes the strata run wait at that fraction of its
-	// requests until its L3 client has reconnected (reconnectHold).
+	// requests until its L3 client has reconnected (reconnectHold); paced
+	// replays it in real time (engineSim.pace).
 	holdAt float64
+	paced  bool
 
 	// faults injects deliberate bugs into the hicache runs' caches, for the tests
 	// that prove the verification catches them; unexported, so no bench can set
@@ -574,7 +576,7 @@ func runOne(ctx context.Context, cfg Config, name string, trace workload.Trace, 
 		}
 		defer func() { progress.watch = nil }()
 	}
-	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: progress, trackL3: cfg.trackL3Hits}
+	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: progress, trackL3: cfg.trackL3Hits, paced: cfg.paced}
 	defer func() {
 		rr.l3HitTimes, rr.held = e.l3Hits, hold.waited()
 		err = errors.Join(err, hold.failed())
