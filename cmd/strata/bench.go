@@ -54,7 +54,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	prefetchPolicy := fs.String("prefetch-policy", def.PrefetchPolicy.String(), "best_effort, wait_complete or timeout")
 	draftPolicy := fs.String("draft-policy", def.DraftPolicy.String(), "required or best_effort")
 	jsonPath := fs.String("json", "", "write the full report as JSON to this file (default: none)")
-	plotPath := fs.String("plot", "", "write a PNG of hit ratio and TTFT per run to this file, named .png (default: none)")
+	plotPath := fs.String("plot", "", "write a PNG of hit ratio and TTFT per run to this file, named .png")
 	restartNode := fs.String("restart-node", "", describeRestart())
 	restartAt := fs.Float64("restart-at", sim.DefaultRestartAt, "with --restart-node: restart when this fraction of the strata run's requests has been served")
 	// Workload shape: the flags show each workload's defaults, and only the

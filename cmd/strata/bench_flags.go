@@ -92,9 +92,10 @@ func tiersFlagScopes(backend string) []flagScope {
 
 // describeRestart is the restart flags' help, kept beside their checks.
 func describeRestart() string {
-	return fmt.Sprintf("node L3: run the node service as a child `strata serve` on an arena file (on /dev/shm) and restart it inside the strata run: "+
-		"%s (SIGKILL, then a warm restart on the same file), %s (SIGTERM, a clean shutdown, then the same) or %s (SIGKILL and the file deleted: "+
-		"the engines refill it from L2); the strata run goes twice, without and with the restart, and the report gives the L3 hit tokens of one over the other (default: no restart)",
+	return fmt.Sprintf("node L3: restart the node service inside the strata run as `mode`: "+
+		"%s (SIGKILL, then a warm restart on the same arena file), %s (SIGTERM, a clean shutdown, then the same) or %s (SIGKILL and the file deleted: "+
+		"the engines refill it from L2); the bench runs the service as a child strata serve on an arena file on /dev/shm, replays the strata run twice in real time, "+
+		"without and with the restart, and reports the L3 hit tokens of one over the other; empty: no restart",
 		sim.RestartKill, sim.RestartTerm, sim.RestartCold)
 }
 
