@@ -138,6 +138,7 @@ type RunReport struct {
 	// longest of its engines).
 	l3HitTimes []L3HitAt
 	held       time.Duration
+	started    time.Time // when the run began (the restart experiment)
 }
 
 // TierTokens is a token count per tier.

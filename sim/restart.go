@@ -123,6 +123,14 @@ type RestartReport struct {
 	Ratio               float64 `json:"ratio"`
 	DownL3HitTokens     int64   `json:"down_l3_hit_tokens"`
 	AfterL3HitTokens    int64   `json:"after_l3_hit_tokens"`
+	// BackAt is when the restarted service answered, from the start of its
+	// run; BaselineAfterL3HitTokens are the baseline's L3 hits of requests
+	// admitted as long after its own start or later, and AfterRatio the
+	// hits after the restart over those: below 1, the loss outlasted the
+	// outage.
+	BackAt                   Duration `json:"back_at"`
+	BaselineAfterL3HitTokens int64    `json:"baseline_after_l3_hit_tokens"`
+	AfterRatio               float64  `json:"after_ratio"`
 	// Refills counts the engines' refills of the L3 from their L2 after it
 	// came back empty, RefillPages the pages queued for them.
 	Refills     int64 `json:"refills"`
@@ -154,6 +162,18 @@ func runRestartExperiment(ctx context.Context, cfg Config, gen workload.Generato
 	if base.HitTokens.L3 > 0 {
 		rs.Ratio = float64(rr.HitTokens.L3) / float64(base.HitTokens.L3)
 	}
+	// Both runs keep the trace's times, so the baseline's requests admitted
+	// as long after its start as the restarted service answered are the ones
+	// to set the hits after the restart against.
+	from := base.started.Add(time.Duration(rs.BackAt)).UnixNano()
+	for _, h := range base.l3HitTimes {
+		if h.UnixNano >= from {
+			rs.BaselineAfterL3HitTokens += h.Tokens
+		}
+	}
+	if rs.BaselineAfterL3HitTokens > 0 {
+		rs.AfterRatio = float64(rs.AfterL3HitTokens) / float64(rs.BaselineAfterL3HitTokens)
+	}
 	if rr.L3 != nil {
 		rs.Refills, rs.RefillPages = rr.L3.Refills, rr.L3.RefillPages
 	}
@@ -170,12 +190,14 @@ func runOnChild(ctx context.Context, cfg Config, name string, gen workload.Gener
 	defer func() { err = errors.Join(err, child.close()) }()
 	// Both runs replay the trace in real time, so that the outage meets the
 	// requests that arrive while it lasts (engineSim.pace).
-	cfg.NodeSocket, cfg.Restart, cfg.paced = child.socket, RestartPlan{}, true
+	cfg.NodeSocket, cfg.Restart, cfg.paced, cfg.trackL3Hits = child.socket, RestartPlan{}, true, true
 	var r *restarter
 	if plan != nil {
 		r = &restarter{child: child, plan: *plan, at: max(1, int(math.Ceil(plan.At*float64(len(trace.Requests))))), done: make(chan struct{})}
-		cfg.watch, cfg.trackL3Hits, cfg.holdAt = r.watch, true, plan.holdAt()
+		cfg.watch, cfg.holdAt = r.watch, plan.holdAt()
 	}
+	started := time.Now()
+	defer func() { rr.started = started }()
 	if cfg.engines() > 1 {
 		rr, err = runEngines(ctx, cfg, gen, name, len(trace.Requests), log)
 	} else {
@@ -188,6 +210,7 @@ func runOnChild(ctx context.Context, cfg Config, name string, gen workload.Gener
 	rs, err = r.finish(rr.l3HitTimes)
 	if rs != nil {
 		rs.HoldAt, rs.Held = plan.holdAt(), Duration(rr.held)
+		rs.BackAt = Duration(r.back.Sub(started))
 	}
 	return rr, rs, err
 }

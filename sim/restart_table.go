@@ -40,6 +40,8 @@ func (r *Report) writeRestart(buf *bytes.Buffer) {
 	fmt.Fprintf(tw, "  L3 hit tokens\t%s with the restart (%s while the service was down, %s after it answered again), %s in %s without; %d refills of %s pages from L2\n",
 		groupDigits(rs.L3HitTokens), groupDigits(rs.DownL3HitTokens), groupDigits(rs.AfterL3HitTokens),
 		groupDigits(rs.BaselineL3HitTokens), rs.Baseline, rs.Refills, groupDigits(rs.RefillPages))
+	fmt.Fprintf(tw, "  after\tfrom %s into the run on: %s L3 hit tokens with the restart, %s without (%.2f)\n",
+		formatWall(rs.BackAt), groupDigits(rs.AfterL3HitTokens), groupDigits(rs.BaselineAfterL3HitTokens), rs.AfterRatio)
 	_ = tw.Flush()
 	fmt.Fprintf(buf, "L3 hit tokens with restart / without = %.2f (goal ≥ %.1f)\n", rs.Ratio, RestartGoal)
 }

@@ -62,6 +62,9 @@ func TestBenchRestartNode(t *testing.T) {
 					L3          int64   `json:"l3_hit_tokens"`
 					Baseline    int64   `json:"baseline_l3_hit_tokens"`
 					After       int64   `json:"after_l3_hit_tokens"`
+					BackAt      float64 `json:"back_at"`
+					BaseAfter   int64   `json:"baseline_after_l3_hit_tokens"`
+					AfterRatio  float64 `json:"after_ratio"`
 					Ratio       float64 `json:"ratio"`
 					Refills     int64   `json:"refills"`
 					RefillPages int64   `json:"refill_pages"`
@@ -86,6 +89,10 @@ func TestBenchRestartNode(t *testing.T) {
 			// what they refilled it with from L2 (cold).
 			if rs.After <= 0 {
 				t.Fatalf("no L3 hits after the restart: %+v\n%s", *rs, out)
+			}
+			// The same part of the baseline run, for the hits after the restart.
+			if rs.BackAt <= 0 || rs.BaseAfter <= 0 || math.Abs(rs.AfterRatio-float64(rs.After)/float64(rs.BaseAfter)) > 1e-9 {
+				t.Fatalf("hits after the restart %d, baseline's from %vs on %d, ratio %v", rs.After, rs.BackAt, rs.BaseAfter, rs.AfterRatio)
 			}
 			if rs.L3 != rep.Runs[1].HitTokens.L3 || rs.Baseline != rep.Runs[0].HitTokens.L3 || rs.Baseline == 0 ||
 				math.Abs(rs.Ratio-float64(rs.L3)/float64(rs.Baseline)) > 1e-9 {
