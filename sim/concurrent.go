@@ -224,6 +224,7 @@ func (d *dispatcher) serveOne(ctx context.Context, r *workload.Request) error {
 	out.HitTokens.L1 += int64(a.hitL1)
 	out.HitTokens.L2 += int64(a.hitL2)
 	out.HitTokens.L3 += int64(a.hitL3)
+	d.e.noteL3(a)
 	out.PromptTokens += int64(len(r.Prompt))
 	d.ttfts = append(d.ttfts, float64(ttft)/float64(time.Millisecond))
 	d.step()

@@ -73,6 +73,31 @@ type engineSim struct {
 	// waits and holds are every admitted request's queueing and time in the
 	// engine, in admission order (the event loop only).
 	waits, holds []time.Duration
+	// trackL3 records in l3Hits when each request with L3 hits was admitted.
+	trackL3 bool
+	l3Hits  []L3HitAt
+	// paced replays the trace in real time (Config.paced).
+	paced bool
+}
+
+// pace waits, in a paced replay, until the wall time since start reaches the
+// simulated time now: requests then arrive at their trace times, and an
+// outage of the L3 meets the requests that arrive while it lasts, as in a
+// deployment, not however many the replay gets through meanwhile. A replay
+// that falls behind goes on at once.
+func (e *engineSim) pace(start time.Time, now time.Duration) {
+	if e.paced {
+		if d := time.Until(start.Add(now)); d > 0 {
+			time.Sleep(d)
+		}
+	}
+}
+
+// noteL3 records a's L3 hits, with trackL3; the caller serialises it.
+func (e *engineSim) noteL3(a *active) {
+	if e.trackL3 && a.hitL3 > 0 {
+		e.l3Hits = append(e.l3Hits, L3HitAt{UnixNano: time.Now().UnixNano(), Tokens: int64(a.hitL3)})
+	}
 }
 
 type finishQueue []*active
@@ -114,6 +139,7 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 		if len(running) > 0 && running[0].doneAt <= arrival {
 			a := heap.Pop(&running).(*active)
 			now = a.doneAt
+			e.pace(start, now)
 			if err := e.run.finish(a); err != nil {
 				return err
 			}
@@ -124,6 +150,7 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 			e.progress.Step(done)
 		} else if next < len(trace.Requests) {
 			now = arrival
+			e.pace(start, now)
 			r := &trace.Requests[next]
 			next++
 			tokens := make([]uint32, 0, len(r.Prompt)+len(r.Output))
@@ -190,6 +217,7 @@ func (e *engineSim) replay(ctx context.Context, trace workload.Trace, out *RunRe
 			out.HitTokens.L1 += int64(a.hitL1)
 			out.HitTokens.L2 += int64(a.hitL2)
 			out.HitTokens.L3 += int64(a.hitL3)
+			e.noteL3(a)
 			out.PromptTokens += int64(len(a.req.Prompt))
 			a.doneAt = now + compute + time.Duration(len(a.req.Output))*decodeStep
 			e.waits = append(e.waits, queued)

@@ -32,6 +32,13 @@ type EngineJob struct {
 	Engine         int             `json:"engine"`
 	Engines        int             `json:"engines"`
 	Socket         string          `json:"socket"`
+	// TrackL3Hits makes the engine report when each L3 hit came, and
+	// HoldAt, above 0, makes it wait at that fraction of its requests until
+	// its L3 client has reconnected (the restart experiment).
+	TrackL3Hits bool    `json:"trackL3Hits,omitempty"`
+	HoldAt      float64 `json:"holdAt,omitempty"`
+	// Paced replays the engine's share in real time (engineSim.pace).
+	Paced bool `json:"paced,omitempty"`
 }
 
 // EngineResult is what an engine process reports back.
@@ -47,7 +54,11 @@ type EngineResult struct {
 	// cross-node count.
 	ComputedPages []uint64 `json:"computedPages"`
 	L3HitPages    []uint64 `json:"l3HitPages"`
-	PID           int      `json:"pid"`
+	// L3HitTimes is when each L3 hit came (EngineJob.TrackL3Hits).
+	L3HitTimes []L3HitAt `json:"l3HitTimes,omitempty"`
+	// Held is how long the engine waited for its L3 client to reconnect.
+	Held Duration `json:"held,omitempty"`
+	PID  int      `json:"pid"`
 }
 
 // share is engine e's requests of the trace: every Engines-th one, as a router
@@ -104,11 +115,17 @@ func RunEngine(ctx context.Context, job EngineJob, progress io.Writer) (*EngineR
 	if progress != nil {
 		p.onStep = func(done int) { _, _ = fmt.Fprintf(progress, "%s%d\n", engineProgressPrefix, done) }
 	}
-	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: p}
+	var hold *reconnectHold
+	if job.HoldAt > 0 {
+		hold = newReconnectHold(run.backend, job.HoldAt, len(mine.Requests))
+		p.watch = hold.watch
+	}
+	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: p, trackL3: job.TrackL3Hits, paced: job.Paced}
 	err = e.serve(ctx, mine, &rr, cfg.Concurrent)
 	res := &EngineResult{Run: rr, TTFTms: e.ttfts, CrossEngineHitTokens: run.cross,
-		ComputedPages: slices.Collect(maps.Keys(run.computed)), L3HitPages: run.l3Hits, PID: os.Getpid()}
-	return res, errors.Join(err, run.close())
+		ComputedPages: slices.Collect(maps.Keys(run.computed)), L3HitPages: run.l3Hits, L3HitTimes: e.l3Hits,
+		Held: Duration(hold.waited()), PID: os.Getpid()}
+	return res, errors.Join(err, hold.failed(), run.close())
 }
 
 // runEngines runs the strata run as several engine processes sharing L3 (one node
@@ -145,9 +162,9 @@ func (t *progressTap) Write(p []byte) (int, error) {
 	}
 }
 
-func runEngines(ctx context.Context, cfg Config, gen workload.Generator, requests int, log *slog.Logger) (RunReport, error) {
+func runEngines(ctx context.Context, cfg Config, gen workload.Generator, name string, requests int, log *slog.Logger) (RunReport, error) {
 	engines, nodes := cfg.engines(), cfg.nodes()
-	rr := RunReport{Name: RunStrata, Engines: engines}
+	rr := RunReport{Name: name, Engines: engines}
 	switch {
 	case cfg.L3 == L3Redis:
 		rr.Description = fmt.Sprintf("%d engine processes, each L1 + L2 (%gx host), sharing Redis as L3", engines, cfg.L2Ratio)
@@ -193,7 +210,11 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, request
 		progress = NewProgress(discard{}, false)
 	}
 	// The bar counts requests across every engine.
-	progress.Start(fmt.Sprintf("strata (%d engines)", engines), requests)
+	progress.Start(fmt.Sprintf("%s (%d engines)", name, engines), requests)
+	if cfg.watch != nil {
+		progress.watch = cfg.watch
+		defer func() { progress.watch = nil }()
+	}
 	perEngine := make([]int, engines)
 	var mu sync.Mutex
 	stepEngine := func(e, done int) {
@@ -207,7 +228,7 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, request
 		progress.Step(sum)
 	}
 	for e := range engines {
-		job := EngineJob{Config: cfg, Workload: gen.Name(), WorkloadConfig: wcfg, Engine: e, Engines: engines}
+		job := EngineJob{Config: cfg, Workload: gen.Name(), WorkloadConfig: wcfg, Engine: e, Engines: engines, TrackL3Hits: cfg.trackL3Hits, HoldAt: cfg.holdAt, Paced: cfg.paced}
 		if len(sockets) > 0 {
 			job.Socket = sockets[e%len(sockets)]
 		}
@@ -264,6 +285,8 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, request
 			rr.Backlog = r.Backlog
 		}
 		ttfts = append(ttfts, res.TTFTms...)
+		rr.l3HitTimes = append(rr.l3HitTimes, res.L3HitTimes...)
+		rr.held = max(rr.held, time.Duration(res.Held))
 		if r.L3 != nil {
 			if l3 == nil {
 				l3 = &L3Report{Backend: r.L3.Backend, Pools: r.L3.Pools, Faults: map[string]int64{}}
@@ -280,6 +303,8 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, request
 			for k, v := range r.L3.Faults {
 				l3.Faults[k] += v
 			}
+			l3.Refills += r.L3.Refills
+			l3.RefillPages += r.L3.RefillPages
 		}
 	}
 	rr.L3 = l3

@@ -445,7 +445,9 @@ func (h *hicacheRun) report(r *RunReport) {
 			NoRoom:         s.L3.Prefetch.NoRoom,
 			Stale:          s.L3.Prefetch.Stale,
 		},
-		Faults: s.L3.Faults,
+		Faults:      s.L3.Faults,
+		Refills:     s.L3.Refills,
+		RefillPages: s.L3.RefillPages,
 	}
 	for _, p := range s.L3.Pools {
 		l3.Pools = append(l3.Pools, PoolL3Status{Pool: p.Pool, Enabled: p.Enabled, Reason: p.Reason})

@@ -39,6 +39,8 @@ type Progress struct {
 	// onStep, when set, gets every Step's count instead of a drawn line: an
 	// engine process reports its requests to the bench that started it.
 	onStep func(done int)
+	// watch, when set, also sees every Step's count (Config.watch).
+	watch func(done int)
 }
 
 // NewProgress returns a Progress that writes to w, redrawing a bar in place when
@@ -65,6 +67,9 @@ func (p *Progress) Start(run string, total int) {
 // calls that do not move the shown percentage write nothing, so the simulator can call
 // it once per request.
 func (p *Progress) Step(done int) {
+	if p.watch != nil {
+		p.watch(done)
+	}
 	if p.onStep != nil {
 		p.onStep(done)
 		return

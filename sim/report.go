@@ -60,6 +60,9 @@ type Report struct {
 	Notes []string `json:"notes,omitempty"`
 	// Runs has one entry per cache configuration, in the order they ran.
 	Runs []RunReport `json:"runs"`
+	// Restart is the restart experiment's result (Config.Restart); nil
+	// without one.
+	Restart *RestartReport `json:"restart,omitempty"`
 	// Elapsed is the wall time of the whole bench.
 	Elapsed Duration `json:"elapsed"`
 
@@ -129,6 +132,13 @@ type RunReport struct {
 	Remote *RemoteReport `json:"remote,omitempty"`
 	// Elapsed is the wall time of the run.
 	Elapsed Duration `json:"elapsed"`
+
+	// l3HitTimes is when each L3 hit came (Config.trackL3Hits), and held how
+	// long the run waited for its L3 client to reconnect (Config.holdAt; the
+	// longest of its engines).
+	l3HitTimes []L3HitAt
+	held       time.Duration
+	started    time.Time // when the run began (the restart experiment)
 }
 
 // TierTokens is a token count per tier.
@@ -180,6 +190,11 @@ type L3Report struct {
 	Prefetch PrefetchOutcomes `json:"prefetch"`
 	// Faults counts L3 errors by kind (timeout, io, corrupt, ...).
 	Faults map[string]int64 `json:"faults,omitempty"`
+	// Refills counts the times the L3 came back empty (a node service
+	// restarted cold) and the cache queued what it held in L2 to be written
+	// to it again; RefillPages counts those pages.
+	Refills     int64 `json:"refills,omitempty"`
+	RefillPages int64 `json:"refill_pages,omitempty"`
 	// Pools is the L3 status of each pool of the group.
 	Pools []PoolL3Status `json:"pools"`
 }

@@ -174,6 +174,12 @@ type Config struct {
 	// running when Run returns, so that the report is out seconds earlier; the
 	// caller must then call Report.WaitCleanup.
 	BackgroundCleanup bool `json:"-"`
+	// Restart, with a Mode, runs the strata run twice on a node service the
+	// bench starts as a child `strata serve` process on an arena file: once as
+	// it is, and once with the service signalled and started again at a point
+	// of the run (RestartPlan), and reports the second's L3 hits over the
+	// first's (Report.Restart).
+	Restart RestartPlan `json:"restart,omitzero"`
 	// Progress reports each run's progress; nil is silent.
 	Progress *Progress `json:"-"`
 	// Logger receives warnings; nil means slog.Default().
@@ -185,6 +191,17 @@ type Config struct {
 
 	// cleanup removes temporary directories in the background (BackgroundCleanup).
 	cleanup *cleaner
+
+	// watch, when set, sees the strata run's count of requests served (over
+	// every engine), and trackL3Hits makes the run record when each L3 hit
+	// came: the restart experiment's trigger and its count of hits after.
+	watch       func(done int)
+	trackL3Hits bool
+	// holdAt, above 0, makes the strata run wait at that fraction of its
+	// requests until its L3 client has reconnected (reconnectHold); paced
+	// replays it in real time (engineSim.pace).
+	holdAt float64
+	paced  bool
 
 	// overlongServed, when set, makes the hicache runs' matches one page too
 	// long where a request diverges inside a cached span (overlongMatch), and
@@ -289,7 +306,10 @@ func (c Config) Validate() error {
 			return fmt.Errorf("run %q: want %s, %s or %s: %w", r, RunL1Only, RunCeiling, RunStrata, ErrConfig)
 		}
 	}
-	return nil
+	if c.Restart.Mode != "" && len(c.Runs) > 0 && !slices.Contains(c.Runs, RunStrata) {
+		return fmt.Errorf("a restart of the node service happens in the %s run, and the runs are %s: %w", RunStrata, strings.Join(c.Runs, ","), ErrConfig)
+	}
+	return c.Restart.validate(c)
 }
 
 // engines is the number of engine processes of the strata run: Engines, or one per
@@ -455,8 +475,17 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	}
 	maxPages := int((trace.PromptTokens()+trace.OutputTokens())/int64(cfg.PageSize)) + 1
 	for _, name := range runs {
+		if name == RunStrata && cfg.Restart.Mode != "" {
+			rrs, rs, err := runRestartExperiment(ctx, cfg, gen, trace, maxPages, log)
+			if err != nil {
+				return nil, err
+			}
+			rep.Runs = append(rep.Runs, rrs...)
+			rep.Restart = rs
+			continue
+		}
 		if name == RunStrata && cfg.engines() > 1 {
-			rr, err := runEngines(ctx, cfg, gen, len(trace.Requests), log)
+			rr, err := runEngines(ctx, cfg, gen, name, len(trace.Requests), log)
 			if err != nil {
 				return nil, fmt.Errorf("run %s: %w", name, err)
 			}
@@ -537,7 +566,24 @@ func runOne(ctx context.Context, cfg Config, name string, trace workload.Trace, 
 		progress = NewProgress(discard{}, false)
 	}
 	progress.Start(name, len(trace.Requests))
-	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: progress}
+	var hold *reconnectHold
+	if hr, ok := run.(*hicacheRun); ok && cfg.holdAt > 0 {
+		hold = newReconnectHold(hr.backend, cfg.holdAt, len(trace.Requests))
+	}
+	if cfg.watch != nil || hold != nil {
+		progress.watch = func(done int) {
+			if cfg.watch != nil {
+				cfg.watch(done)
+			}
+			hold.watch(done)
+		}
+		defer func() { progress.watch = nil }()
+	}
+	e := &engineSim{model: cfg.Model, maxRunning: cfg.MaxRunning, run: run, progress: progress, trackL3: cfg.trackL3Hits, paced: cfg.paced}
+	defer func() {
+		rr.l3HitTimes, rr.held = e.l3Hits, hold.waited()
+		err = errors.Join(err, hold.failed())
+	}()
 	if name == RunCeiling {
 		// The ceiling is a bound on what any order of the trace can hit; it keeps
 		// the event loop.

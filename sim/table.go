@@ -44,6 +44,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 		r.writeOverload(&buf)
 		r.writeRunNotes(&buf)
 		r.writeComparison(&buf)
+		r.writeRestart(&buf)
 	}
 	if _, err := w.Write(trimLineEnds(buf.Bytes())); err != nil {
 		return fmt.Errorf("write table of %s report: %w", r.Workload, err)

@@ -54,7 +54,9 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	prefetchPolicy := fs.String("prefetch-policy", def.PrefetchPolicy.String(), "best_effort, wait_complete or timeout")
 	draftPolicy := fs.String("draft-policy", def.DraftPolicy.String(), "required or best_effort")
 	jsonPath := fs.String("json", "", "write the full report as JSON to this file (default: none)")
-	plotPath := fs.String("plot", "", "write a PNG of hit ratio and TTFT per run to this file (default: none)")
+	plotPath := fs.String("plot", "", "write a PNG of hit ratio and TTFT per run to this file, named .png")
+	restartNode := fs.String("restart-node", "", describeRestart())
+	restartAt := fs.Float64("restart-at", sim.DefaultRestartAt, "with --restart-node: restart when this fraction of the strata run's requests has been served")
 	// Workload shape: the flags show each workload's defaults, and only the
 	// flags given change it.
 	defMT, defSP, defLC := workload.DefaultMultiturn(), workload.DefaultSharedPrefix(), workload.DefaultLongContext()
@@ -80,6 +82,9 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 		printFlags(fs)
 	}
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := checkBenchFlags(fs, *l3, splitList(*runs), *socket, *plotPath); err != nil {
 		return err
 	}
 	if *nodes < 1 {
@@ -129,6 +134,10 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	cfg.Runs = splitList(*runs)
 	cfg.L3, cfg.L3Dir, cfg.NodeSocket, cfg.Engines, cfg.Nodes = *l3, *l3Dir, *socket, *engines, *nodes
 	cfg.Redis = splitList(*redisAddrs)
+	cfg.Restart = sim.RestartPlan{Mode: *restartNode, At: *restartAt}
+	if err := checkRestartFlags(cfg); err != nil {
+		return err
+	}
 	if cfg.NodeArenaBytes, err = parseBytes(*nodeArena); err != nil {
 		return usagef("--node-arena: %w", err)
 	}

@@ -48,11 +48,8 @@ func runTiers(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg.Shape, cfg.ObjectBytes = *geometry, *objectBytes
 	cfg.Socket, cfg.NoRedis, cfg.Engines = *socket, *noRedis, *engines
 	cfg.Redis, cfg.RedisCluster = splitList(*redisAddrs), *redisCluster
-	if cfg.Socket != "" && cfg.Backend != storagebench.BackendNode {
-		return usagef("--socket is for --backend %s", storagebench.BackendNode)
-	}
-	if flagSet(fs, "engines") && cfg.Backend != storagebench.BackendNode {
-		return usagef("--engines is for --backend %s", storagebench.BackendNode)
+	if err := refuseInapplicable(fs, tiersFlagScopes(cfg.Backend)); err != nil {
+		return err
 	}
 	if *small {
 		if flagSet(fs, "object-bytes") {

@@ -75,7 +75,7 @@ func TestBenchTiersBadFlagsExitTwo(t *testing.T) {
 		msg  string
 	}{
 		{[]string{"--backend", "memcached"}, "--backend: backend \"memcached\": the storage benchmark can measure file, node, redis"},
-		{[]string{"--redis", "127.0.0.1:6379"}, "--redis: redis settings are for the redis backend, not file"},
+		{[]string{"--redis", "127.0.0.1:6379"}, "--redis applies only to --backend redis"},
 		{[]string{"--backend", "redis", "--redis", "127.0.0.1:6379", "--redis-cluster"}, "--redis and --redis-cluster"},
 		{[]string{"--batches", "0"}, "--batches"},
 		{[]string{"--pages-per-batch", "200"}, "--pages-per-batch"},
@@ -89,8 +89,8 @@ func TestBenchTiersBadFlagsExitTwo(t *testing.T) {
 		{[]string{"--nope"}, "nope"},
 		{[]string{"extra"}, "unexpected argument"},
 		{[]string{"--dir", filepath.Join(dir, "missing")}, "--dir"},
-		{[]string{"--socket", filepath.Join(dir, "node.sock")}, "--socket is for --backend node"},
-		{[]string{"--engines", "4"}, "--engines is for --backend node"},
+		{[]string{"--socket", filepath.Join(dir, "node.sock")}, "--socket applies only to --backend node"},
+		{[]string{"--engines", "4"}, "--engines applies only to --backend node"},
 		{[]string{"--backend", "node", "--engines", "1"}, "--engines: 1 engines at once: want 2 to 64"},
 		{[]string{"--backend", "node", "--engines", "65"}, "--engines: 65 engines at once"},
 	} {
