@@ -1,8 +1,3 @@
-// Package pool holds the KV pools strata moves pages between: host pools (L2) that
-// strata allocates, grouped so that a target model and its speculative-decoding
-// draft model share one page space; the DevicePool interface through which strata
-// sees the engine's accelerator pools (L1), with a host-memory stand-in; and the
-// copy engine that moves pages between the two layouts on worker goroutines.
 package pool
 
 import (
