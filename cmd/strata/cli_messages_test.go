@@ -73,7 +73,7 @@ func TestVersionNamesTheCommit(t *testing.T) {
 
 // -h prints the usage on stdout and exits 0, as kubectl and etcd do (so that
 // `strata serve -h | grep spill` finds the spill's flags), and every flag of
-// every command shows its default, the empty and false ones included.
+// every command shows its default once, the empty and false ones included.
 func TestHelpGoesToStdoutWithEveryDefault(t *testing.T) {
 	for _, cmd := range [][]string{{"serve"}, {"inspect"}, {"keys"}, {"version"}, {"bench"}, {"bench", "tiers"}, {"bench", "matrix"}} {
 		var out, errb bytes.Buffer
@@ -94,8 +94,14 @@ func TestHelpGoesToStdoutWithEveryDefault(t *testing.T) {
 				check()
 				flagName, shown = strings.Fields(line)[0], false
 			}
-			if strings.Contains(line, "(default") {
+			if n := strings.Count(line, "(default"); n > 0 {
+				if shown && flagName != "" {
+					t.Errorf("%v -h: %s says its default twice: %q", cmd, flagName, line)
+				}
 				shown = true
+				if n > 1 {
+					t.Errorf("%v -h: %s says its default %d times: %q", cmd, flagName, n, line)
+				}
 			}
 		}
 		check()

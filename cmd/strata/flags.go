@@ -27,7 +27,9 @@ func newFlagSet(name string, stdout io.Writer) *flag.FlagSet {
 
 // printFlags is flag.PrintDefaults with every flag's default shown, the
 // empty and false ones included: an operator reading -h sees what each flag
-// does when left out.
+// does when left out. A usage text that already says its default in words
+// ("(default: the model preset's)") is printed as it is, not followed by the
+// zero value that stands for it.
 func printFlags(fs *flag.FlagSet) {
 	w := fs.Output()
 	fs.VisitAll(func(f *flag.Flag) {
@@ -36,7 +38,12 @@ func printFlags(fs *flag.FlagSet) {
 		if kind != "" {
 			fmt.Fprintf(w, " %s", kind)
 		}
-		fmt.Fprintf(w, "\n    \t%s %s\n", strings.ReplaceAll(usage, "\n", "\n    \t"), defaultText(f.DefValue))
+		usage = strings.ReplaceAll(usage, "\n", "\n    \t")
+		if strings.Contains(usage, "(default") {
+			fmt.Fprintf(w, "\n    \t%s\n", usage)
+			return
+		}
+		fmt.Fprintf(w, "\n    \t%s %s\n", usage, defaultText(f.DefValue))
 	})
 }
 
