@@ -84,7 +84,7 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if err := checkBenchFlags(fs, *l3, splitList(*runs), *socket, *plotPath); err != nil {
+	if err := checkBenchFlags(fs, *wl, *l3, splitList(*runs), *socket, *plotPath); err != nil {
 		return err
 	}
 	if *nodes < 1 {
@@ -277,6 +277,9 @@ func runBenchMatrix(ctx context.Context, args []string, stdout, stderr io.Writer
 		if a == "--model" || a == "--workload" || a == "--json" || strings.HasPrefix(a, "--model=") || strings.HasPrefix(a, "--workload=") || strings.HasPrefix(a, "--json=") {
 			return usagef("%s after --: the matrix sets --model, --workload and --json itself; use --models and --workloads", a)
 		}
+	}
+	if err := checkMatrixExtra(splitList(*workloads), extra); err != nil {
+		return err
 	}
 	if *jsonPath != "" {
 		if err := checkOutputFile(*jsonPath); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stratakv/strata/sim"
 	"github.com/stratakv/strata/storagebench"
+	"github.com/stratakv/strata/workload"
 )
 
 // flagScope names flags that mean something only where applies holds: given
@@ -58,13 +59,56 @@ func benchFlagScopes(fs *flag.FlagSet, l3 string, runs []string, socket string) 
 	}
 }
 
-// checkBenchFlags refuses bench flags that do not apply to the chosen L3 and
-// runs, and a --plot whose name says it is not the PNG it gets. An --l3 or
-// --runs that is not one of the known values is left to the configuration's
-// check, which names the values.
-func checkBenchFlags(fs *flag.FlagSet, l3 string, runs []string, socket, plot string) error {
+// workloadFlagScopes are where the workloads' shape flags apply: each to the
+// workload it shapes (--clients to multiturn, --documents to long-context).
+// An unknown --workload is left to the configuration's check, which names them.
+func workloadFlagScopes(wl string) []flagScope {
+	if !slices.Contains(workload.Names(), wl) {
+		return nil
+	}
+	mt, sp, lc := workload.DefaultMultiturn().Name(), workload.DefaultSharedPrefix().Name(), workload.DefaultLongContext().Name()
+	return []flagScope{
+		{flags: []string{"clients", "rounds", "regenerate-ratio", "edit-ratio", "branch-ratio", "request-tokens"},
+			applies: wl == mt, to: "--workload " + mt, fix: "give --workload " + mt},
+		{flags: []string{"groups", "prompts-per-group", "system-tokens"}, applies: wl == sp, to: "--workload " + sp, fix: "give --workload " + sp},
+		{flags: []string{"documents", "document-tokens", "questions"}, applies: wl == lc, to: "--workload " + lc, fix: "give --workload " + lc},
+		{flags: []string{"question-tokens"}, applies: wl == sp || wl == lc, to: "--workload " + sp + " and " + lc, fix: "give one of them"},
+	}
+}
+
+// checkMatrixExtra refuses a workload's shape flag after `bench matrix --`
+// when the matrix runs another workload too: every cell of that workload would
+// refuse it, after the cells before it had run.
+func checkMatrixExtra(workloads, extra []string) error {
+	if len(workloads) == 0 {
+		workloads = workload.Names()
+	}
+	for _, a := range extra {
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || name == "" {
+			continue
+		}
+		for _, wl := range workloads {
+			for _, s := range workloadFlagScopes(wl) {
+				if !s.applies && slices.Contains(s.flags, name) {
+					return usagef("--%s after --: applies only to %s, and the matrix also runs --workload %s: give --workloads with only those", name, s.to, wl)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// checkBenchFlags refuses bench flags that do not apply to the chosen
+// workload, L3 and runs, and a --plot whose name says it is not the PNG it
+// gets. An --l3 or --runs that is not one of the known values is left to the
+// configuration's check, which names the values.
+func checkBenchFlags(fs *flag.FlagSet, wl, l3 string, runs []string, socket, plot string) error {
 	if plot != "" && !strings.EqualFold(filepath.Ext(plot), ".png") {
 		return usagef("--plot %s: the plot is a PNG; name it with .png", plot)
+	}
+	if err := refuseInapplicable(fs, workloadFlagScopes(wl)); err != nil {
+		return err
 	}
 	if l3 != sim.L3Node && l3 != sim.L3Redis && l3 != sim.L3File && l3 != sim.L3None {
 		return nil

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// A bench flag that does not apply to the chosen L3, runs or backend is
+// A bench flag that does not apply to the chosen workload, L3, runs or backend is
 // refused in one line that names it, with exit status 2, before anything
 // runs: ignored, it would give figures of another bench than the one asked.
 func TestBenchRefusesFlagsThatDoNotApply(t *testing.T) {
@@ -36,6 +36,13 @@ func TestBenchRefusesFlagsThatDoNotApply(t *testing.T) {
 		{[]string{"bench", "--restart-node", "bounce"}, "--restart-node", "kill, term or cold"},
 		{[]string{"bench", "--restart-node", "kill", "--restart-at", "1"}, "--restart-at", "below 1"},
 		{[]string{"bench", "--restart-node", "kill", "--nodes", "2"}, "--nodes", "drop"},
+		{[]string{"bench", "--documents", "3"}, "--documents", "--workload long-context"},
+		{[]string{"bench", "--workload", "long-context", "--clients", "3"}, "--clients", "--workload multiturn"},
+		{[]string{"bench", "--workload", "shared-prefix", "--edit-ratio", "0"}, "--edit-ratio", "--workload multiturn"},
+		{[]string{"bench", "--workload", "long-context", "--groups", "2"}, "--groups", "--workload shared-prefix"},
+		{[]string{"bench", "--question-tokens", "8"}, "--question-tokens", "shared-prefix and long-context"},
+		{[]string{"bench", "matrix", "--", "--documents", "2"}, "--documents", "--workloads"},
+		{[]string{"bench", "matrix", "--workloads", "multiturn,long-context", "--", "--clients=2"}, "--clients", "--workload long-context"},
 		{[]string{"bench", "tiers", "--backend", "file", "--socket", "/tmp/s.sock"}, "--socket", "--backend node"},
 		{[]string{"bench", "tiers", "--backend", "file", "--no-redis"}, "--no-redis", "--backend node"},
 		{[]string{"bench", "tiers", "--backend", "node", "--redis-cluster"}, "--redis-cluster", "--backend redis"},
