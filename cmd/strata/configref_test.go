@@ -30,7 +30,7 @@ func writeConfigReference(w io.Writer) error {
 	var b strings.Builder
 	b.WriteString(`# strata serve: configuration reference
 
-<!-- Generated from strata serve's settings (cmd/strata/serve.go) by
+<!-- Generated from strata serve's settings (cmd/strata/serve_settings.go) by
      go test ./cmd/strata -run TestConfigReference -update
      Do not edit: a test fails when this file and ` + "`strata serve -h`" + ` disagree. -->
 
