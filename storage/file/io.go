@@ -292,6 +292,43 @@ func readFile(fd int, b *ioBuf, size int64, direct bool) error {
 	return err
 }
 
+// open opens path, with O_DIRECT while the store uses it. A filesystem that
+// refuses O_DIRECT (EINVAL) turns it off for the store, with one log line. The
+// result says whether the descriptor is direct.
+func (s *Store) open(path string, flags int, mode uint32) (fd int, direct bool, err error) {
+	flags |= unix.O_CLOEXEC
+	if s.direct.Load() {
+		fd, err = vecio.Open(path, flags|unix.O_DIRECT, mode)
+		if err != unix.EINVAL {
+			return fd, err == nil, err
+		}
+		if flags&unix.O_CREAT != 0 {
+			// Linux creates the file before it refuses the flag; the name is ours.
+			_ = unix.Unlink(path)
+		}
+		s.directRefused(path, err)
+	}
+	fd, err = vecio.Open(path, flags, mode)
+	return fd, false, err
+}
+
+// directRefused turns O_DIRECT off for the store, logging the first time.
+func (s *Store) directRefused(path string, err error) {
+	if s.direct.CompareAndSwap(true, false) {
+		s.log.Warn("file store: the filesystem refuses O_DIRECT; using buffered I/O", "dir", s.dir, "file", path, "err", err)
+	}
+}
+
+// clearDirect switches fd to buffered I/O.
+func clearDirect(fd int) error {
+	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return err
+	}
+	_, err = unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags&^unix.O_DIRECT)
+	return err
+}
+
 // pwritevAll writes every byte of iovs at off, in calls of at most maxIovecs runs,
 // resuming after short writes.
 func pwritevAll(fd int, iovs [][]byte, off int64) error {
