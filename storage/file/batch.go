@@ -16,17 +16,17 @@ import (
 // stored in the pool's format. It reads each part's header; a corrupt one is
 // removed and counts as missing.
 func (s *Store) Exists(ctx context.Context, poolName string, keys []pagekey.Key) (int, error) {
-	ps, done, err := s.begin(poolName, "exists")
+	ps, done, err := storage.Admit(s.begin, poolName, "exists", func(*poolState) error {
+		if err := storage.CheckKeys(keys); err != nil {
+			return fmt.Errorf("file store: exists in pool %q: %w", poolName, err)
+		}
+		return nil
+	})
 	if err != nil {
 		s.stats.fault(err)
 		return 0, err
 	}
 	defer done()
-	if err := storage.CheckKeys(keys); err != nil {
-		err = fmt.Errorf("file store: exists in pool %q: %w", poolName, err)
-		s.stats.fault(err)
-		return 0, err
-	}
 	n := len(keys)
 	var firstMiss atomic.Int64
 	firstMiss.Store(int64(n))
@@ -73,14 +73,16 @@ func (s *Store) Exists(ctx context.Context, poolName string, keys []pagekey.Key)
 // storage.ErrNotFound and stays; a part that fails a check is storage.ErrCorrupt
 // and is removed.
 func (s *Store) Get(ctx context.Context, poolName string, keys []pagekey.Key, pages []pool.PageID) []error {
-	ps, done, err := s.begin(poolName, "get")
+	ps, done, err := storage.Admit(s.begin, poolName, "get", func(ps *poolState) error {
+		if err := storage.CheckBatch(ps.spec, keys, pages); err != nil {
+			return fmt.Errorf("file store: get from pool %q: %w", poolName, err)
+		}
+		return nil
+	})
 	if err != nil {
 		return s.failAll(len(keys), err)
 	}
 	defer done()
-	if err := storage.CheckBatch(ps.spec, keys, pages); err != nil {
-		return s.failAll(len(keys), fmt.Errorf("file store: get from pool %q: %w", poolName, err))
-	}
 	mem := ps.spec.Region.Bytes()
 	errs := s.parallel(ctx, "get", len(keys)*ps.parts, func(i int, b *ioBuf) error {
 		k, part := i/ps.parts, i%ps.parts
@@ -92,17 +94,19 @@ func (s *Store) Get(ctx context.Context, poolName string, keys []pagekey.Key, pa
 // Put writes the pool's pages as the objects of keys, write-once: a part already
 // stored (in any format) is left as it is and counts as a success.
 func (s *Store) Put(ctx context.Context, poolName string, keys []pagekey.Key, pages []pool.PageID) []error {
-	ps, done, err := s.begin(poolName, "put")
+	ps, done, err := storage.Admit(s.begin, poolName, "put", func(ps *poolState) error {
+		if ps.readOnly != nil {
+			return fmt.Errorf("file store: put to pool %q: %v; its registration failed: %w", poolName, ps.readOnly, storage.ErrNotRegistered)
+		}
+		if err := storage.CheckBatch(ps.spec, keys, pages); err != nil {
+			return fmt.Errorf("file store: put to pool %q: %w", poolName, err)
+		}
+		return nil
+	})
 	if err != nil {
 		return s.failAll(len(keys), err)
 	}
 	defer done()
-	if ps.readOnly != nil {
-		return s.failAll(len(keys), fmt.Errorf("file store: put to pool %q: %v; its registration failed: %w", poolName, ps.readOnly, storage.ErrNotRegistered))
-	}
-	if err := storage.CheckBatch(ps.spec, keys, pages); err != nil {
-		return s.failAll(len(keys), fmt.Errorf("file store: put to pool %q: %w", poolName, err))
-	}
 	s.refresh()
 	mem := ps.spec.Region.Bytes()
 	// Renames are made durable once per subdirectory per batch rather than once per
