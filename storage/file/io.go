@@ -163,19 +163,72 @@ func (b *ioBuf) bounceBuf() []byte {
 // writeFile writes the header block b.hdr and the body to fd from offset 0. Under
 // direct the file is padded to whole blocks and truncated to its length after.
 func writeFile(fd int, b *ioBuf, direct bool) error {
-	bd := &b.body
 	if !direct {
-		iovs := append(b.iovs[:0], b.hdr)
-		iovs = append(iovs, bd.runs...)
-		b.iovs = iovs
-		return pwritevAll(fd, iovs, 0)
+		return pwritevAll(fd, b.bufferedIovs(), 0)
 	}
-	b.segs = planDirect(bd, b.segs)
+	bd := &b.body
+	fileOff, err := b.directIO(bd.copyOut, func(iovs [][]byte, fileOff, _ int64) error {
+		return pwritevAll(fd, iovs, fileOff)
+	})
+	if err != nil {
+		return err
+	}
+	if want := headerSize + bd.n; fileOff != want {
+		return retryEINTR(func() error { return unix.Ftruncate(fd, want) })
+	}
+	return nil
+}
+
+// readFile reads the header block into b.hdr and a body of size-headerSize bytes
+// into b.body from fd, whose length is size. It reports io.ErrUnexpectedEOF when
+// the file turns out shorter.
+func readFile(fd int, b *ioBuf, size int64, direct bool) error {
+	if !direct {
+		return preadvFull(fd, b.bufferedIovs(), 0, size)
+	}
+	bd := &b.body
+	pend := b.pend[:0]
+	_, err := b.directIO(func(chunk []byte, off int64) {
+		pend = append(pend, pending{chunk: chunk, off: off})
+	}, func(iovs [][]byte, fileOff, n int64) error {
+		if err := preadvFull(fd, iovs, fileOff, min(n, size-fileOff)); err != nil {
+			return err
+		}
+		for _, p := range pend {
+			bd.copyIn(p.chunk, p.off)
+		}
+		pend = pend[:0]
+		return nil
+	})
+	b.pend = pend
+	return err
+}
+
+// bufferedIovs is the header block followed by the body's runs: a buffered
+// read or write of a whole file in one vector.
+func (b *ioBuf) bufferedIovs() [][]byte {
+	iovs := append(b.iovs[:0], b.hdr)
+	iovs = append(iovs, b.body.runs...)
+	b.iovs = iovs
+	return iovs
+}
+
+// directIO is the O_DIRECT plan that writeFile and readFile share, so that both
+// cut a body into the same batches: the header block, then the body padded to
+// whole blocks as planDirect's segments, host memory the device can reach in
+// place and the rest through the bounce buffer, in batches of at most maxIovecs
+// runs and one bounce buffer's worth of chunks. stage is called on each bounce
+// chunk as it is queued, with its body offset (a write fills it from the body);
+// move does one batch's I/O, n bytes at file offset fileOff, and is done with the
+// batch's bounce chunks when it returns (a read copies them into the body). The
+// result is the file offset after the last batch.
+func (b *ioBuf) directIO(stage func(chunk []byte, off int64), move func(iovs [][]byte, fileOff, n int64) error) (int64, error) {
+	b.segs = planDirect(&b.body, b.segs)
 	bounce := b.bounceBuf()
 	iovs := append(b.iovs[:0], b.hdr)
 	fileOff, queued, used := int64(0), int64(headerSize), 0
 	flush := func() error {
-		if err := pwritevAll(fd, iovs, fileOff); err != nil {
+		if err := move(iovs, fileOff, queued); err != nil {
 			return err
 		}
 		fileOff += queued
@@ -190,97 +243,26 @@ func writeFile(fd int, b *ioBuf, direct bool) error {
 			for off, end := s.off, s.off+s.n; off < end; {
 				if used == len(bounce) {
 					if err := flush(); err != nil {
-						return err
+						return fileOff, err
 					}
 				}
 				k := min(end-off, int64(len(bounce)-used))
 				chunk := bounce[used : used+int(k)]
-				bd.copyOut(chunk, off)
+				stage(chunk, off)
 				iovs = append(iovs, chunk)
 				queued += k
 				used += int(k)
 				off += k
 				if len(iovs) == maxIovecs {
 					if err := flush(); err != nil {
-						return err
+						return fileOff, err
 					}
 				}
 			}
 		}
 		if len(iovs) == maxIovecs {
 			if err := flush(); err != nil {
-				return err
-			}
-		}
-	}
-	if len(iovs) > 0 {
-		if err := flush(); err != nil {
-			return err
-		}
-	}
-	b.iovs = iovs
-	if want := headerSize + bd.n; fileOff != want {
-		return retryEINTR(func() error { return unix.Ftruncate(fd, want) })
-	}
-	return nil
-}
-
-// readFile reads the header block into b.hdr and a body of size-headerSize bytes
-// into b.body from fd, whose length is size. It reports io.ErrUnexpectedEOF when
-// the file turns out shorter.
-func readFile(fd int, b *ioBuf, size int64, direct bool) error {
-	bd := &b.body
-	if !direct {
-		iovs := append(b.iovs[:0], b.hdr)
-		iovs = append(iovs, bd.runs...)
-		b.iovs = iovs
-		return preadvFull(fd, iovs, 0, size)
-	}
-	b.segs = planDirect(bd, b.segs)
-	bounce := b.bounceBuf()
-	iovs := append(b.iovs[:0], b.hdr)
-	pend := b.pend[:0]
-	fileOff, queued, used := int64(0), int64(headerSize), 0
-	flush := func() error {
-		want := min(queued, size-fileOff)
-		if err := preadvFull(fd, iovs, fileOff, want); err != nil {
-			return err
-		}
-		for _, p := range pend {
-			bd.copyIn(p.chunk, p.off)
-		}
-		fileOff += queued
-		iovs, pend, queued, used = iovs[:0], pend[:0], 0, 0
-		return nil
-	}
-	for _, s := range b.segs {
-		if s.mem != nil {
-			iovs = append(iovs, s.mem)
-			queued += s.n
-		} else {
-			for off, end := s.off, s.off+s.n; off < end; {
-				if used == len(bounce) {
-					if err := flush(); err != nil {
-						return err
-					}
-				}
-				k := min(end-off, int64(len(bounce)-used))
-				chunk := bounce[used : used+int(k)]
-				iovs = append(iovs, chunk)
-				pend = append(pend, pending{chunk: chunk, off: off})
-				queued += k
-				used += int(k)
-				off += k
-				if len(iovs) == maxIovecs {
-					if err := flush(); err != nil {
-						return err
-					}
-				}
-			}
-		}
-		if len(iovs) == maxIovecs {
-			if err := flush(); err != nil {
-				return err
+				return fileOff, err
 			}
 		}
 	}
@@ -288,7 +270,44 @@ func readFile(fd int, b *ioBuf, size int64, direct bool) error {
 	if len(iovs) > 0 {
 		err = flush()
 	}
-	b.iovs, b.pend = iovs, pend
+	b.iovs = iovs
+	return fileOff, err
+}
+
+// open opens path, with O_DIRECT while the store uses it. A filesystem that
+// refuses O_DIRECT (EINVAL) turns it off for the store, with one log line. The
+// result says whether the descriptor is direct.
+func (s *Store) open(path string, flags int, mode uint32) (fd int, direct bool, err error) {
+	flags |= unix.O_CLOEXEC
+	if s.direct.Load() {
+		fd, err = vecio.Open(path, flags|unix.O_DIRECT, mode)
+		if err != unix.EINVAL {
+			return fd, err == nil, err
+		}
+		if flags&unix.O_CREAT != 0 {
+			// Linux creates the file before it refuses the flag; the name is ours.
+			_ = unix.Unlink(path)
+		}
+		s.directRefused(path, err)
+	}
+	fd, err = vecio.Open(path, flags, mode)
+	return fd, false, err
+}
+
+// directRefused turns O_DIRECT off for the store, logging the first time.
+func (s *Store) directRefused(path string, err error) {
+	if s.direct.CompareAndSwap(true, false) {
+		s.log.Warn("file store: the filesystem refuses O_DIRECT; using buffered I/O", "dir", s.dir, "file", path, "err", err)
+	}
+}
+
+// clearDirect switches fd to buffered I/O.
+func clearDirect(fd int) error {
+	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return err
+	}
+	_, err = unix.FcntlInt(uintptr(fd), unix.F_SETFL, flags&^unix.O_DIRECT)
 	return err
 }
 
