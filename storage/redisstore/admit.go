@@ -32,15 +32,12 @@ func (s *Store) begin(poolName, what string) (ps *poolState, done func(), err er
 // own check of its arguments against the pool: an error of either ends the
 // call before it starts (check's named with what and the pool).
 func (s *Store) admit(poolName, what string, check func(*poolState) error) (*poolState, func(), error) {
-	ps, done, err := s.begin(poolName, what)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := check(ps); err != nil {
-		done()
-		return nil, nil, fmt.Errorf("redis store: %s in pool %q: %w", what, poolName, err)
-	}
-	return ps, done, nil
+	return storage.Admit(s.begin, poolName, what, func(ps *poolState) error {
+		if err := check(ps); err != nil {
+			return fmt.Errorf("redis store: %s in pool %q: %w", what, poolName, err)
+		}
+		return nil
+	})
 }
 
 // enter admits an object API call.
