@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stratakv/strata/pagekey"
+	"github.com/stratakv/strata/pool"
 )
 
 // phase is the contenders timed on each batch in one direction, and how their
@@ -18,10 +19,7 @@ type phase struct {
 func (r *run) putContenders() phase {
 	e := r.e
 	backend := &contender{name: "backend", do: func(ctx context.Context, b int) (time.Duration, error) {
-		start := time.Now()
-		errs := e.backend.Put(ctx, pagekey.TargetPool, e.keys[b], e.srcPages(b))
-		d := time.Since(start)
-		return d, batchError("put", b, errs)
+		return e.timedPut(ctx, "put", b)
 	}}
 	peer := &contender{name: "peer", do: peerWrite(e, r.target.Peer)}
 	cs := []*contender{backend, peer}
@@ -57,15 +55,7 @@ func (r *run) getContenders() phase {
 	dstPages := e.dstPages()
 	dst := e.chunks(dstPages)
 	backend := &contender{name: "backend", do: func(ctx context.Context, b int) (time.Duration, error) {
-		clearAll(dst)
-		start := time.Now()
-		errs := e.backend.Get(ctx, pagekey.TargetPool, e.keys[b], dstPages)
-		d := time.Since(start)
-		if err := batchError("get", b, errs); err != nil {
-			return 0, err
-		}
-		r.rep.MismatchedPages += e.verify(b, dst)
-		return d, nil
+		return e.timedGet(ctx, "get", b, dstPages, dst)
 	}}
 	var peerBad, redisBad int64
 	peer := &contender{name: "peer", do: peerRead(e, r.target.Peer, dst, &peerBad)}
@@ -152,20 +142,41 @@ func (e *engine) warmUp(ctx context.Context) (put, get float64, err error) {
 	b := r.cfg.Batches
 	r.progress("%swarm-up batch (untimed)", e.of())
 	e.fill(b)
+	d, err := e.timedPut(ctx, e.of()+"warm-up put", b)
+	if err != nil {
+		return 0, 0, err
+	}
+	put = rate(float64(r.batchBytes()), d)
+	dstPages := e.dstPages()
+	if d, err = e.timedGet(ctx, e.of()+"warm-up get", b, dstPages, e.chunks(dstPages)); err != nil {
+		return 0, 0, err
+	}
+	get = rate(float64(r.batchBytes()), d)
+	return put, get, nil
+}
+
+// timedPut puts engine e's batch b from its source pages and returns the time of
+// the Put call alone, so that every put the run times is timed the same way.
+// op names the call in the error.
+func (e *engine) timedPut(ctx context.Context, op string, b int) (time.Duration, error) {
 	start := time.Now()
 	errs := e.backend.Put(ctx, pagekey.TargetPool, e.keys[b], e.srcPages(b))
-	put = rate(float64(r.batchBytes()), time.Since(start))
-	if err := batchError(e.of()+"warm-up put", b, errs); err != nil {
-		return 0, 0, err
-	}
-	dst := e.chunks(e.dstPages())
+	d := time.Since(start)
+	return d, batchError(op, b, errs)
+}
+
+// timedGet gets engine e's batch b into pages, whose chunks are dst, and returns
+// the time of the Get call alone. It zeroes dst first, so that a get that writes
+// nothing is caught, and counts the pages that came back with other bytes in the
+// report's MismatchedPages. op names the call in the error.
+func (e *engine) timedGet(ctx context.Context, op string, b int, pages []pool.PageID, dst [][]byte) (time.Duration, error) {
 	clearAll(dst)
-	start = time.Now()
-	errs = e.backend.Get(ctx, pagekey.TargetPool, e.keys[b], e.dstPages())
-	get = rate(float64(r.batchBytes()), time.Since(start))
-	if err := batchError(e.of()+"warm-up get", b, errs); err != nil {
-		return 0, 0, err
+	start := time.Now()
+	errs := e.backend.Get(ctx, pagekey.TargetPool, e.keys[b], pages)
+	d := time.Since(start)
+	if err := batchError(op, b, errs); err != nil {
+		return 0, err
 	}
-	r.rep.MismatchedPages += e.verify(b, dst)
-	return put, get, nil
+	e.r.rep.MismatchedPages += e.verify(b, dst)
+	return d, nil
 }
