@@ -11,8 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/stratakv/strata/pagekey"
 )
 
 // RedisBenchmarkRef is Redis's own C client, redis-benchmark, getting values of
@@ -131,14 +129,11 @@ func (r *run) redisBenchmarkPhase(ctx context.Context) error {
 		}
 		var took time.Duration
 		for b := range r.cfg.Batches {
-			clearAll(dst)
-			start := time.Now()
-			errs := e.backend.Get(ctx, pagekey.TargetPool, e.keys[b], dstPages)
-			took += time.Since(start)
-			if err := batchError("get", b, errs); err != nil {
+			d, err := e.timedGet(ctx, "get", b, dstPages, dst)
+			if err != nil {
 				return err
 			}
-			r.rep.MismatchedPages += e.verify(b, dst)
+			took += d
 		}
 		backend := float64(objects*r.cfg.Batches) / took.Seconds()
 		redisRates, ours = append(redisRates, rate), append(ours, backend)
