@@ -273,9 +273,9 @@ func runBenchMatrix(ctx context.Context, args []string, stdout, stderr io.Writer
 	if *repeat < 1 || *repeat > 20 {
 		return usagef("--repeat %d: want 1 to 20 runs of each cell", *repeat)
 	}
-	for _, a := range extra {
-		if a == "--model" || a == "--workload" || a == "--json" || strings.HasPrefix(a, "--model=") || strings.HasPrefix(a, "--workload=") || strings.HasPrefix(a, "--json=") {
-			return usagef("%s after --: the matrix sets --model, --workload and --json itself; use --models and --workloads", a)
+	for _, name := range flagNames(extra) {
+		if name == "model" || name == "workload" || name == "json" {
+			return usagef("--%s after --: the matrix sets --model, --workload and --json itself; use --models and --workloads", name)
 		}
 	}
 	if err := checkMatrixExtra(splitList(*workloads), extra); err != nil {

@@ -128,6 +128,8 @@ func TestBenchMatrixPrintsTheTable(t *testing.T) {
 		{"bench", "matrix", "--models", "gpt-5"},
 		{"bench", "matrix", "--workloads", "chat"},
 		{"bench", "matrix", "--", "--model", "llama3-8b"},
+		{"bench", "matrix", "--", "-model", "llama3-8b"},
+		{"bench", "matrix", "--", "-workload=long-context"},
 	} {
 		if code, _, errs := runCLI(t, "", args...); code != 2 {
 			t.Errorf("%v: exit %d, %s", args, code, errs)

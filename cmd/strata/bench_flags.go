@@ -83,11 +83,7 @@ func checkMatrixExtra(workloads, extra []string) error {
 	if len(workloads) == 0 {
 		workloads = workload.Names()
 	}
-	for _, a := range extra {
-		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !strings.HasPrefix(a, "-") || name == "" {
-			continue
-		}
+	for _, name := range flagNames(extra) {
 		for _, wl := range workloads {
 			for _, s := range workloadFlagScopes(wl) {
 				if !s.applies && slices.Contains(s.flags, name) {
@@ -97,6 +93,24 @@ func checkMatrixExtra(workloads, extra []string) error {
 		}
 	}
 	return nil
+}
+
+// flagNames are the names of the flags in args as the flag package reads
+// them: -name or --name, with or without =value. It may take a value that
+// begins with a dash for a flag; the checks that use it refuse only names of
+// bench flags, which no value of one is.
+func flagNames(args []string) []string {
+	var names []string
+	for _, a := range args {
+		if len(a) < 2 || a[0] != '-' || a == "--" {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimPrefix(a[1:], "-"), "=")
+		if name != "" && name[0] != '-' {
+			names = append(names, name)
+		}
+	}
+	return names
 }
 
 // checkBenchFlags refuses bench flags that do not apply to the chosen
