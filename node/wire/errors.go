@@ -16,6 +16,12 @@ var (
 	ErrClosed = errors.New("connection closed")
 	// ErrInUse: Listen found a service already listening on the socket path.
 	ErrInUse = errors.New("socket already in use")
+
+	// errBadCount: a reader returned a byte count outside its buffer (negative,
+	// or more than it was given), breaking io.Reader's contract. The frame
+	// cannot be trusted, so it fails like an i/o error rather than panicking
+	// on the slice the count would make.
+	errBadCount = errors.New("reader returned a byte count outside its buffer")
 )
 
 // MessageError is what Recv and ReadFrame return for a frame they read whole but

@@ -52,6 +52,11 @@ func (b *Backend) connect() (chan struct{}, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The reader loop receives with no deadline (replies come when they come),
+	// so a reply that starts and stalls would hold it, and every call on the
+	// connection, until Close; a frame the service writes whole takes far less
+	// than a call's time to arrive.
+	conn.SetFrameTimeout(b.cfg.CallTimeout)
 	var l *link
 	fail := func(err error) (chan struct{}, error) {
 		_ = conn.Close()
