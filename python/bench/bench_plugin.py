@@ -6,8 +6,10 @@ V range per page) and its own memfd:
 
 - Go: ``storage/nodeclient`` in ``python/bench/nodeclient_baseline`` (built and
   started by this script), batch Put and Get of ``--pages`` pages;
-- Python: the plugin over SGLang's real ``MHATokenToKVPoolHost`` with the real
-  shm allocator, ``batch_set_v1`` and ``batch_get_v1`` of the same pages.
+- Python: the plugin over an SGLang host pool in the shm allocator (the
+  project's model of SGLang; SGLang's own ``MHATokenToKVPoolHost`` with
+  ``--sglang DIR`` or STRATA_SGLANG_SIDE=real), ``batch_set_v1`` and
+  ``batch_get_v1`` of the same pages.
 
 Each round runs ``--batches`` put+get batches of fresh keys on each side, a Go
 batch and a Python one in turn, which goes first alternating; each round gives
@@ -83,20 +85,25 @@ def main():
         "--exists-calls", type=int, default=300, help="per round, each of exists and Ping"
     )
     ap.add_argument("--arena", default="3GiB")
-    ap.add_argument("--sglang", default=os.path.join(REPO, "..", "shared", "sglang"))
+    ap.add_argument(
+        "--sglang",
+        default="",
+        help="a fetched copy of SGLang (python/tests/sglang_copy.sh): its own host pool, not the model's",
+    )
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
-    sys.path.insert(0, args.sglang)
-    importlib.import_module("sglang_cpu_stubs")
-    import torch
-
+    if args.sglang:
+        os.environ["STRATA_SGLANG_SIDE"] = "real"
+        os.environ["STRATA_SGLANG_DIR"] = os.path.abspath(args.sglang)
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
     import harness
+
+    if harness.PROBLEM:
+        raise SystemExit(f"bench_plugin: {harness.PROBLEM}")
+    import torch
     from strata_sglang import wire
     from strata_sglang.storage import StrataStorage
     from strata_sglang.client import Connection, StrataError
-    import sglang.srt.mem_cache.pool_host.base as host_base
-    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
     start_load = load()
     tmp = tempfile.mkdtemp(prefix="sgb")
@@ -106,15 +113,18 @@ def main():
         subprocess.run(["go", "build", "-o", out, pkg], cwd=REPO, check=True)
 
     # SGLang's host pool first, before the service's arena takes its memory.
-    # SGLang keeps 10 GiB of host memory free for the engine; a benchmark of
-    # a 1 GiB pool on a small machine needs less.
-    host_base.HICACHE_HOST_MEMORY_RESERVE_BYTES = 1 << 30
+    if harness.NAME == "real":
+        # SGLang keeps 10 GiB of host memory free for the engine; a benchmark of
+        # a 1 GiB pool on a small machine needs less.
+        importlib.import_module(
+            "sglang.srt.mem_cache.pool_host.base"
+        ).HICACHE_HOST_MEMORY_RESERVE_BYTES = (1 << 30)
     page, pages = 32, args.pages
     harness.PAGE = page
-    dev = harness.DeviceMHA(size=pages * page, layers=32, heads=8, dim=128, dtype=torch.bfloat16)
-    host = MHATokenToKVPoolHost(
-        dev, 2.0, 0, page, "page_first", pin_memory=False, device="cpu", allocator_type="shm"
+    host = harness.host_pool(
+        "mha", "page_first", size=pages * page, layers=32, heads=8, dim=128, dtype=torch.bfloat16
     )
+    print(f"SGLang side: {harness.DESCRIPTION}")
     kv = host.kv_buffer.view(torch.uint8)  # (2, slots, layers, heads, dim) in bytes
     g = torch.Generator().manual_seed(1)
     kv.random_(0, 256, generator=g)  # every page touched

@@ -2,7 +2,8 @@
 
 What a SGLang user runs instead of Strata is SGLang's file backend
 (``--hicache-storage-backend file``). This runs SGLang's real ``HiCacheFile``
-(from ../shared/sglang) and ``StrataStorage`` (against a ``strata serve`` it
+(from a fetched copy of SGLang: ``--sglang`` or $STRATA_SGLANG_DIR, made by
+python/tests/sglang_copy.sh) and ``StrataStorage`` (against a ``strata serve`` it
 builds and starts) through the same real SGLang host pool, with the calls
 SGLang's ``HiCacheController`` makes:
 
@@ -16,8 +17,8 @@ SGLang's ``HiCacheController`` makes:
 
 HiCacheFile runs on tmpfs (/dev/shm) and on the disk (a temp dir under
 ``--disk-dir``, /var/tmp by default: the root file system here). Its file
-evictor module (``storage/file/lru_file_evictor.py``) is missing from the copy
-of SGLang in ../shared; with eviction not configured it does nothing, and the
+evictor module (``storage/file/lru_file_evictor.py``) is not among the files the
+copy holds; with eviction not configured it does nothing, and the
 stand-in here does exactly nothing (it admits every write).
 
 Geometries: MHA (Llama-3-8B: 32 layers, 8 KV heads, dim 128, bf16) in
@@ -206,12 +207,12 @@ class Case:
         harness.PAGE = page
         n = self.pages * page
         if kind == "mha":
-            dev = harness.DeviceMHA(size=n, layers=layers, heads=heads, dim=dim)
+            dev = harness.device_pool("mha", size=n, layers=layers, heads=heads, dim=dim)
             self.host = ctx.MHAHost(
                 dev, 2.0, 0, page, layout, pin_memory=False, device="cpu", allocator_type="shm"
             )
         else:
-            dev = harness.DeviceMLA(size=n, layers=layers, lora=lora, rope=rope)
+            dev = harness.device_pool("mla", size=n, layers=layers, lora=lora, rope=rope)
             self.host = ctx.MLAHost(
                 dev, 2.0, 0, page, layout, pin_memory=False, device="cpu", allocator_type="shm"
             )
@@ -371,7 +372,11 @@ def main(argv=None):
     ap.add_argument("--arena", default="1GiB")
     ap.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--strata", help="a strata binary (default: go build ./cmd/strata)")
-    ap.add_argument("--sglang", default=os.path.join(REPO, "..", "shared", "sglang"))
+    ap.add_argument(
+        "--sglang",
+        default=os.environ.get("STRATA_SGLANG_DIR", ""),
+        help="a fetched copy of SGLang (python/tests/sglang_copy.sh makes one); $STRATA_SGLANG_DIR",
+    )
     ap.add_argument(
         "--plugin",
         help="the python/ folder to import strata_sglang from (another checkout's, for A/B)",
@@ -386,8 +391,20 @@ def main(argv=None):
         raise SystemExit("--models is mha,mla; --apis v1,v2; page sizes positive")
     backends = [b for b in BACKENDS if not (args.no_disk and b == "file-disk")]
 
-    sys.path.insert(0, args.sglang)
-    importlib.import_module("sglang_cpu_stubs")
+    # SGLang's own HiCacheFile is the peer: the real side of the tests' harness
+    # loads it from the fetched copy, through the project's CPU stubs.
+    os.environ["STRATA_SGLANG_SIDE"] = "real"
+    if args.sglang:
+        os.environ["STRATA_SGLANG_DIR"] = os.path.abspath(args.sglang)
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    import harness
+
+    if harness.PROBLEM:
+        print(
+            f"bench_sglang_peer: SGLang's HiCacheFile is the peer, and {harness.PROBLEM}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     import torch
 
     # HiCacheFile copies every page with torch (flatten, zeros, index_put):
@@ -395,8 +412,6 @@ def main(argv=None):
     # pool, milliseconds a page on a busy 2-core machine. One thread is its best
     # case here; the plugin's few batch-wide torch calls do not care.
     torch.set_num_threads(args.torch_threads)
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-    import harness
 
     if args.plugin:
         sys.path.insert(0, os.path.abspath(args.plugin))

@@ -1,12 +1,12 @@
-"""Test setup: the plugin from this checkout, SGLang's real classes, a real strata serve.
+"""Test setup: the plugin from this checkout, one side of SGLang, a real strata serve.
 
-SGLang's classes come from ../shared/sglang (override with STRATA_SGLANG_DIR);
-strata serve is built from this checkout with `go build` once per session. Tests
-that need what is missing skip with a one-line reason, except under CI=true,
-where they fail.
+The side is the project's model of SGLang unless STRATA_SGLANG_SIDE=real (see
+harness.py); tests that drive the plugin through SGLang's side take the
+``sglang`` fixture, and only those run on the real side. strata serve is built
+from this checkout with ``go build`` once per session. Tests that need what is
+missing skip with a one-line reason, except under CI=true, where they fail.
 """
 
-import importlib
 import os
 import shutil
 import signal
@@ -22,8 +22,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.dirname(HERE)
 REPO = os.path.dirname(PYTHON_DIR)
 sys.path.insert(0, PYTHON_DIR)
+sys.path.insert(0, HERE)
 
-SGLANG_DIR = os.environ.get("STRATA_SGLANG_DIR") or os.path.join(REPO, "..", "shared", "sglang")
+import harness  # noqa: E402 - picks the side before the plugin imports SGLang's module
+
 CI = os.environ.get("CI") == "true"
 
 
@@ -36,32 +38,49 @@ def need(ok: bool, reason: str):
     pytest.skip(reason)
 
 
-def _load_sglang():
-    try:
-        importlib.import_module("torch")
-    except ImportError:
-        return "torch is not installed (apt-get install python3-torch)"
-    if not os.path.isfile(os.path.join(SGLANG_DIR, "sglang_cpu_stubs.py")):
-        return f"SGLang's classes are not at {SGLANG_DIR} (set STRATA_SGLANG_DIR)"
-    if SGLANG_DIR not in sys.path:
-        sys.path.insert(0, SGLANG_DIR)
-    importlib.import_module("sglang_cpu_stubs")
-    # SGLang keeps 10 GiB of the machine's available memory out of every host
-    # pool's budget (HICACHE_HOST_MEMORY_RESERVE_BYTES), a sizing rule for a
-    # serving machine. The tests' pools are a few MiB; on a 24 GiB machine that
-    # runs other test packages at the same time, available memory fell below
-    # 10 GiB and pool construction failed. A 256 MiB reserve keeps the check.
-    base = importlib.import_module("sglang.srt.mem_cache.pool_host.base")
-    base.HICACHE_HOST_MEMORY_RESERVE_BYTES = 256 << 20
-    return ""
+def pytest_report_header(config):
+    if harness.PROBLEM:
+        return f"SGLang side: {harness.NAME}: {harness.PROBLEM}"
+    return f"SGLang side: {harness.DESCRIPTION}"
 
 
-SGLANG_MISSING = _load_sglang()
+def pytest_collection_modifyitems(config, items):
+    """On the real side, only the tests that drive SGLang's side run; without
+    a copy they skip, each with the one reason."""
+    if harness.SIDE != "real":
+        return
+    keep = [i for i in items if "sglang" in getattr(i, "fixturenames", ())]
+    dropped = [i for i in items if i not in keep]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+    if harness.PROBLEM:
+        mark = pytest.mark.skip(reason=harness.PROBLEM)
+        for i in items:
+            i.add_marker(mark)
 
 
 @pytest.fixture(scope="session")
 def sglang():
-    need(not SGLANG_MISSING, SGLANG_MISSING)
+    """SGLang's side of this run (the harness module): a test that takes it
+    drives the plugin through SGLang's side and runs on both sides."""
+    return harness
+
+
+@pytest.fixture
+def backends():
+    """Build plugins as SGLang's dynamic factory does (harness.create_backend's
+    arguments); each is closed when the test ends."""
+    made = []
+
+    def new(sock, **kw):
+        b = harness.create_backend(sock, **kw)
+        made.append(b)
+        return b
+
+    yield new
+    for b in made:
+        b.close()
 
 
 @pytest.fixture(scope="session")

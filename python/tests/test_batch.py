@@ -4,18 +4,10 @@ generic codec (wire.encode_item) and SGLang's own get_page_buffer_meta."""
 import random
 
 import pytest
+import torch
 
-from conftest import CI, SGLANG_MISSING
-
-if SGLANG_MISSING:
-    if CI:
-        pytest.fail(SGLANG_MISSING + " (CI=true: these tests must run)", pytrace=False)
-    pytest.skip(SGLANG_MISSING, allow_module_level=True)
-
-import torch  # noqa: E402 - checked above
-
-import harness  # noqa: E402
-from strata_sglang import batch, wire  # noqa: E402
+import harness
+from strata_sglang import batch, wire
 
 
 def _generic(names, fmt, sid, off, length, keep):
@@ -174,7 +166,7 @@ def test_page_model_refuses_pointers_it_cannot_predict():
 
 
 def test_keys_ok_agrees_with_the_per_key_check():
-    from strata_sglang.storage import _key_ok, _keys_ok
+    from strata_sglang.names import key_ok as _key_ok, keys_ok as _keys_ok
 
     good = harness.keys(5)
     cases = [

@@ -11,7 +11,9 @@ import os
 import subprocess
 import sys
 
-from conftest import REPO, SGLANG_DIR
+import pytest
+
+from conftest import REPO
 
 BENCH = os.path.join(REPO, "python", "bench", "bench_sglang_peer.py")
 sys.path.insert(0, os.path.dirname(BENCH))
@@ -42,7 +44,21 @@ def test_page_runs_merge_adjacent_pages(sglang, monkeypatch):
     assert all(n == 8 * 24 * 2 for _, n in runs)
 
 
+def test_peer_bench_without_a_copy_of_sglang_says_how_to_get_one(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "STRATA_SGLANG_DIR"}
+    r = subprocess.run(
+        [sys.executable, BENCH, "--sglang", ""], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "HiCacheFile" in lines[0] and "sglang_copy.sh" in lines[0], r.stderr
+
+
 def test_peer_bench_tiny(sglang, strata_bin, tmp_path):
+    if sglang.NAME != "real":
+        pytest.skip(
+            "the peer is SGLang's own HiCacheFile: it runs on the real side (STRATA_SGLANG_DIR)"
+        )
     out = tmp_path / "peer.json"
     cmd = [
         sys.executable,
@@ -66,7 +82,7 @@ def test_peer_bench_tiny(sglang, strata_bin, tmp_path):
         "--strata",
         strata_bin,
         "--sglang",
-        SGLANG_DIR,
+        os.environ["STRATA_SGLANG_DIR"],
         "--json",
         str(out),
     ]

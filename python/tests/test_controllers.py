@@ -1,138 +1,26 @@
 """SGLang's real cache controllers, their real backup and prefetch threads, over the plugin."""
 
 import threading
-import time
 
 import pytest
 
-from conftest import CI, SGLANG_MISSING
 
-if SGLANG_MISSING:
-    if CI:
-        pytest.fail(SGLANG_MISSING + " (CI=true: these tests must run)", pytrace=False)
-    pytest.skip(SGLANG_MISSING, allow_module_level=True)
-
-import harness  # noqa: E402 - needs SGLang's classes, checked above
+import harness
+from drive import backup, prefetch, same_pages, stop, tokens
 
 PAGE = harness.PAGE
 
 
-def extra(sock, **kw):
-    cfg = harness.storage_config(sock).extra_config
-    cfg.update(kw)
-    return dict(cfg)
-
-
-class _Allocator:
-    """The token allocator the controller asks for its device pool."""
-
-    def __init__(self, device_pool):
-        self.device_pool = device_pool
-
-    def get_kvcache(self):
-        return self.device_pool
-
-
 def controller(sock, host, tp_rank=0, tp_size=1, draft=None, model="org/model-1"):
-    from sglang.srt.managers.cache_controller import HiCacheController
-    from sglang.srt.runtime_context import get_parallel
-
-    with get_parallel().override(tp_rank=tp_rank, tp_size=tp_size):
-        c = HiCacheController(
-            _Allocator(host.device_pool),
-            host,
-            PAGE,
-            tp_group=None,
-            load_cache_event=threading.Event(),
-            io_backend="direct",
-            storage_backend="dynamic",
-            model_name=model,
-            storage_backend_extra_config=extra(sock),
-        )
-    if draft is not None:
-        c.set_draft_kv_pool(draft.device_pool, draft)
+    c = harness.controller(sock, host, tp_rank, tp_size, draft=draft, model=model)
     assert c.storage_backend.client.wait_connected(10)
     return c
 
 
 def hybrid(sock, host, draft, tp_rank=0, tp_size=1):
-    from sglang.srt.mem_cache.hicache_storage import PoolName
-    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
-    from sglang.srt.mem_cache.memory_pool_host import HostPoolGroup, PoolEntry
-    from sglang.srt.runtime_context import get_parallel
-
-    group = HostPoolGroup(
-        [
-            PoolEntry(
-                PoolName.KV, host, host.device_pool, lambda i: i, is_primary_index_anchor=True
-            ),
-            PoolEntry(PoolName.DRAFT, draft, draft.device_pool, lambda i: i),
-        ]
-    )
-    with get_parallel().override(tp_rank=tp_rank, tp_size=tp_size):
-        c = HybridCacheController(
-            _Allocator(host.device_pool),
-            group,
-            PAGE,
-            tp_group=None,
-            load_cache_event=threading.Event(),
-            io_backend="direct",
-            storage_backend="dynamic",
-            model_name="org/model-1",
-            storage_backend_extra_config=extra(sock),
-        )
+    c = harness.hybrid(sock, harness.group(host, draft=draft), tp_rank, tp_size)
     assert c.storage_backend.client.wait_connected(10)
     return c
-
-
-def stop(c):
-    c.detach_storage_backend()
-
-
-def tokens(n_pages, seed):
-    return [(seed * 7919 + i) % 32000 for i in range(n_pages * PAGE)]
-
-
-def backup(c, host, toks, extra_pools=None, seed=None, draft=None):
-    """Fill fresh host pages (seed), back them up as toks' pages; return what was written."""
-    n = len(toks) // PAGE
-    idx = host.alloc(n * PAGE)
-    pages = [int(idx[i * PAGE]) // PAGE for i in range(n)]
-    if seed is not None:
-        harness.fill(host, pages, seed=seed)
-        if draft is not None:
-            harness.fill(draft, pages, seed=seed + 1)
-    hashes = c.get_hash_str(toks, None, page_size=PAGE)
-    kw = {} if extra_pools is None else {"extra_pools": extra_pools}
-    c.write_storage(idx, toks, hash_value=hashes, **kw)
-    op = c.ack_backup_queue.get(timeout=30)
-    return idx, pages, hashes, op
-
-
-def prefetch(c, host, toks, extra_pools=None):
-    """Run SGLang's prefetch: hit query on its thread, then the I/O thread loads."""
-    kw = {} if extra_pools is None else {"extra_pools": extra_pools}
-    op = c.prefetch("req", toks, None, **kw)
-    op = c.prefetch_hit_queue.get(timeout=30)
-    if op.storage_hit_count == 0:
-        return op, None
-    op.host_indices = host.alloc(op.storage_hit_count)
-    c.prefetch_buffer.put(op)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        done = op.completed_tokens == op.storage_hit_count or op.is_terminated()
-        if done and getattr(op, "pool_transfers_done", True):
-            break
-        time.sleep(0.005)
-    return op, op.host_indices
-
-
-def same_pages(a, a_idx, b, b_idx):
-    for i in range(0, len(a_idx), PAGE):
-        pa, pb = int(a_idx[i]) // PAGE, int(b_idx[i]) // PAGE
-        if not harness.page_bytes(a, pa).equal(harness.page_bytes(b, pb)):
-            return False
-    return True
 
 
 @pytest.mark.parametrize("layout", ["layer_first", "page_first_direct"])
@@ -162,7 +50,7 @@ def test_backup_and_prefetch_threads(sglang, serve, layout):
 
 
 def test_hybrid_controller_draft_sidecar_through_v2(sglang, serve):
-    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+    from harness import PoolName, PoolTransfer
 
     src, dst = harness.host_pool("mha", "page_first"), harness.host_pool("mha", "page_first")
     dsrc = harness.host_pool("mha", "page_first", label="draft", layers=1)
@@ -245,20 +133,9 @@ def test_controller_threads_survive_a_restart(sglang, stopped_serve):
     threading.excepthook = lambda args: errors.append(args)
     src = harness.host_pool("mha", "page_first")
     dst = harness.host_pool("mha", "page_first")
-    from sglang.srt.managers.cache_controller import HiCacheController
 
     def make(host):
-        return HiCacheController(
-            _Allocator(host.device_pool),
-            host,
-            PAGE,
-            tp_group=None,
-            load_cache_event=threading.Event(),
-            io_backend="direct",
-            storage_backend="dynamic",
-            model_name="org/model-1",
-            storage_backend_extra_config=extra(stopped_serve.socket, connect_wait_s=0.1),
-        )
+        return harness.controller(stopped_serve.socket, host, connect_wait_s=0.1)
 
     a, b = make(src), make(dst)
     try:

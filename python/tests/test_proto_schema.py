@@ -18,7 +18,7 @@ import struct
 
 import pytest
 
-from conftest import REPO, SGLANG_MISSING, need
+from conftest import REPO
 from strata_sglang import wire
 
 PROTO = os.path.join(REPO, "node", "wire", "strata.proto")
@@ -339,7 +339,6 @@ def tag(schema, message, fname):
 
 
 def test_batch_tags_are_the_schemas(schema):
-    need(not SGLANG_MISSING, SGLANG_MISSING)
     from strata_sglang import batch
 
     assert batch._TAG_ITEM == tag(schema, "Put", "items") == tag(schema, "Get", "items")
@@ -352,7 +351,6 @@ def test_batch_tags_are_the_schemas(schema):
 
 def test_batch_items_decode_by_the_schema(schema):
     """batch.encode's items, framed as a Get, are what the schema decodes."""
-    need(not SGLANG_MISSING, SGLANG_MISSING)
     import torch
 
     from strata_sglang import batch
