@@ -90,6 +90,11 @@ def main():
         default="",
         help="a fetched copy of SGLang (python/tests/sglang_copy.sh): its own host pool, not the model's",
     )
+    ap.add_argument(
+        "--copy-path",
+        action="store_true",
+        help="also time the plugin over a pool in SGLang's default allocator (no memfd: the staging copy path)",
+    )
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
     if args.sglang:
@@ -121,13 +126,20 @@ def main():
         ).HICACHE_HOST_MEMORY_RESERVE_BYTES = (1 << 30)
     page, pages = 32, args.pages
     harness.PAGE = page
-    host = harness.host_pool(
-        "mha", "page_first", size=pages * page, layers=32, heads=8, dim=128, dtype=torch.bfloat16
-    )
+    geo = dict(size=pages * page, layers=32, heads=8, dim=128, dtype=torch.bfloat16)
+    host = harness.host_pool("mha", "page_first", **geo)
     print(f"SGLang side: {harness.DESCRIPTION}")
     kv = host.kv_buffer.view(torch.uint8)  # (2, slots, layers, heads, dim) in bytes
     g = torch.Generator().manual_seed(1)
     kv.random_(0, 256, generator=g)  # every page touched
+    # The same pool in SGLang's default allocator: nothing the service can map.
+    copy_host = (
+        harness.host_pool("mha", "page_first", allocator="default", **geo)
+        if args.copy_path
+        else None
+    )
+    if copy_host is not None:
+        copy_host.kv_buffer.view(torch.uint8).copy_(kv)
     per_page = page * 32 * 8 * 128 * 2
     src_tok, dst_tok = slice(0, pages * page), slice(pages * page, 2 * pages * page)
     batch_bytes = 2 * pages * per_page
@@ -137,7 +149,7 @@ def main():
         + ["--log-level", "warn"],
         start_new_session=True,
     )
-    go = b = None
+    go = b = copy_b = None
     try:
         # The arena is prefaulted at start, seconds per GiB: the socket accepts
         # before the service answers. Wait for a Hello answered, so that
@@ -158,46 +170,58 @@ def main():
         src = harness.indices(host, range(pages))
         dst = harness.indices(host, range(pages, 2 * pages))
         serial = [0]
+        copy_b = None
+        if copy_host is not None:
+            copy_b = StrataStorage(harness.storage_config(sock, model="bench/llama-3-8b-copy"), {})
+            copy_b.register_mem_pool_host(copy_host)
 
-        def py_round(n):
+        def py_round(n, backend=None, buf=None):
+            backend = backend or b
+            buf = kv if buf is None else buf
             puts, gets = [], []
             for _ in range(n):
                 keys = harness.keys(pages, f"bench-py-{os.getpid()}-{serial[0]}")
                 serial[0] += 1
                 t0 = time.perf_counter()
-                ok = b.batch_set_v1(keys, src)
+                ok = backend.batch_set_v1(keys, src)
                 t1 = time.perf_counter()
-                ok2 = b.batch_get_v1(keys, dst)
+                ok2 = backend.batch_get_v1(keys, dst)
                 t2 = time.perf_counter()
                 assert all(ok) and all(ok2), (ok, ok2)
                 # Untimed: the pages read back are the pages put.
-                assert torch.equal(kv[:, src_tok], kv[:, dst_tok]), "plugin read back other bytes"
-                kv[:, dst_tok].zero_()
+                assert torch.equal(buf[:, src_tok], buf[:, dst_tok]), "plugin read back other bytes"
+                buf[:, dst_tok].zero_()
                 puts.append(t1 - t0)
                 gets.append(t2 - t1)
             return puts, gets, keys
 
+        copy_kv = copy_host.kv_buffer.view(torch.uint8) if copy_host is not None else None
+
         # Untimed warm-up of both clients (the service's first copies, the codecs).
         go.cmd("run 1")
         _, _, stored = py_round(1)
+        sides = ["go", "py"] + (["copy"] if copy_b is not None else [])
+        if copy_b is not None:
+            py_round(1, copy_b, copy_kv)
         rounds = []
         for r in range(args.rounds):
-            res = {"go": ([], []), "py": ([], [])}
-            # Batch by batch, the side that goes first alternating: a burst of
-            # other work on the machine hits both sides alike.
+            res = {side: ([], []) for side in sides}
+            # Batch by batch, the side that goes first rotating: a burst of
+            # other work on the machine hits every side alike.
             for i in range(args.batches):
-                order = ("go", "py") if (r + i) % 2 == 0 else ("py", "go")
-                for side in order:
+                k = (r + i) % len(sides)
+                for side in sides[k:] + sides[:k]:
                     if side == "go":
                         o = go.cmd("run 1")
                         puts, gets = o["put_s"], o["get_s"]
-                    else:
+                    elif side == "py":
                         puts, gets, stored = py_round(1)
+                    else:
+                        puts, gets, _ = py_round(1, copy_b, copy_kv)
                     res[side][0].extend(puts)
                     res[side][1].extend(gets)
             gb = {
-                side: [batch_bytes * len(ts) / sum(ts) / 1e9 for ts in res[side]]
-                for side in ("go", "py")
+                side: [batch_bytes * len(ts) / sum(ts) / 1e9 for ts in res[side]] for side in sides
             }
             # Exists and Ping interleaved in blocks of 10, per-call medians.
             ex, pings = [], []
@@ -224,6 +248,9 @@ def main():
                 "go_exists_us": statistics.median(go_ex) * 1e6,
                 "load": load(),
             }
+            if copy_b is not None:
+                row["copy_put_ratio"] = gb["copy"][0] / gb["py"][0]
+                row["copy_get_ratio"] = gb["copy"][1] / gb["py"][1]
             row["exists_ratio"] = row["exists_us"] / row["ping_us"]
             rounds.append(row)
             print(
@@ -253,6 +280,11 @@ def main():
             f"  batch_exists of {pages} keys {fmt(col['exists_us'], ' us')}, Ping {fmt(col['ping_us'], ' us')}: "
             f"{fmt(col['exists_ratio'], 'x')}   (target <= 3x; Go Exists {fmt(col['go_exists_us'], ' us')})"
         )
+        if copy_b is not None:
+            print(
+                f"  copy path / zero copy: put {fmt(col['copy_put_ratio'], 'x')}, "
+                f"get {fmt(col['copy_get_ratio'], 'x')}   (the staging buffer's extra memcpy each way)"
+            )
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(
@@ -262,6 +294,8 @@ def main():
         try:
             if b is not None:
                 b.close()
+            if copy_b is not None:
+                copy_b.close()
             if go is not None:
                 go.close()
         finally:
