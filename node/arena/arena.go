@@ -31,10 +31,13 @@
 package arena
 
 import (
+	"errors"
 	"fmt"
 	"hash/maphash"
+	"runtime/debug"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/stratakv/strata/hostmem"
 	"github.com/stratakv/strata/internal/offheap"
@@ -54,6 +57,8 @@ type Arena struct {
 	evict func(Evicted) bool
 	// secret keys the check words (layout.go); from the file's superblock.
 	secret uint64
+	// brk is what a broken arena needs (fault.go).
+	brk breakage
 
 	mu   sync.Mutex
 	cond *sync.Cond // signalled when an eviction in flight ends, a chunk is warmed, recovery ends
@@ -155,7 +160,7 @@ const (
 // and starts recovering its objects in the background (Stats().Recovery says
 // how far it got); with Config.Warmup the memory is populated in the
 // background. Either way New returns in about a millisecond per 16 GiB.
-func New(cfg Config) (*Arena, error) {
+func New(cfg Config) (_ *Arena, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -166,15 +171,46 @@ func New(cfg Config) (*Arena, error) {
 		return nil, fmt.Errorf("arena: %d units of %d bytes; the unit map holds 2^32: raise the alignment or lower the size: %w", size/unit, unit, ErrConfig)
 	}
 	var (
-		b   *backing
-		op  opened
-		err error
+		a  *Arena
+		b  *backing
+		op opened
 	)
-	if cfg.File != "" {
-		if b, op, err = openFile(&cfg, unit, size); err != nil {
-			return nil, err
+	// Until New returns, nobody else touches the file's memory: a fault in it
+	// (the file truncated meanwhile) fails New.
+	defer func(old bool) {
+		debug.SetPanicOnFault(old)
+		if r := recover(); r != nil {
+			f, ok := r.(interface{ Addr() uintptr })
+			if !ok || b == nil || !b.holds(f.Addr()) {
+				panic(r)
+			}
+			if a != nil {
+				a.closeIndexLocked()
+			}
+			_ = b.replace()
+			_ = b.close(false, 0, 0)
+			err = fmt.Errorf("arena file %s was truncated while the arena started; it is left empty: start again: %w", cfg.File, ErrBroken)
 		}
-	} else {
+	}(debug.SetPanicOnFault(true))
+	anonymous := "the arena is anonymous memory (no --arena-file)"
+	if cfg.File != "" {
+		b, op, err = openFile(&cfg, unit, size)
+		switch {
+		case errors.Is(err, errNoRoom):
+			// A full tmpfs is a state of the moment, not a configuration to
+			// change: this run serves from anonymous memory, the next start
+			// tries the file again.
+			cfg.Logger.Warn("the arena file's file system has no room for an arena: this run's arena is anonymous memory, and a restart starts it empty",
+				"file", cfg.File, "err", err, "fix", "free room on the arena file's tmpfs or mount it larger; the next start uses the file again")
+			anonymous = "the arena file's file system had no room (" + cfg.File + "): anonymous memory for this run"
+			cfg.File = ""
+		case err != nil:
+			return nil, err
+		default:
+			b.begin()
+		}
+	}
+	if cfg.File == "" {
 		alloc := cfg.Allocator
 		if alloc == nil {
 			ac := hostmem.DefaultConfig(hostmem.Mmap)
@@ -188,10 +224,10 @@ func New(cfg Config) (*Arena, error) {
 		if b, err = openAnonymous(&cfg, alloc, unit, size); err != nil {
 			return nil, err
 		}
-		op.why = "the arena is anonymous memory (no --arena-file)"
+		op.why = anonymous
 	}
 
-	a := &Arena{
+	a = &Arena{
 		cfg:    cfg,
 		unit:   unit,
 		size:   size,
@@ -207,6 +243,11 @@ func New(cfg Config) (*Arena, error) {
 		secret: b.sb.secret,
 		epoch:  b.sb.epoch,
 		ready:  make(chan struct{}),
+	}
+	if b.fd >= 0 {
+		a.brk.file = b
+		a.brk.lo = uintptr(unsafe.Pointer(unsafe.SliceData(b.mapping)))
+		a.brk.hi = a.brk.lo + uintptr(len(b.mapping))
 	}
 	a.cond = sync.NewCond(&a.mu)
 	if err := a.resetIndexLocked(); err != nil {
@@ -244,6 +285,9 @@ func New(cfg Config) (*Arena, error) {
 		a.done.Add(1)
 		go a.warmUp()
 	}
+	if b.fd >= 0 {
+		a.watchFile(b)
+	}
 	a.mu.Lock()
 	a.checkReadyLocked()
 	a.mu.Unlock()
@@ -257,7 +301,7 @@ func (a *Arena) Ready() <-chan struct{} { return a.ready }
 
 // checkReadyLocked closes a.ready when nothing is starting any more.
 func (a *Arena) checkReadyLocked() {
-	if !a.readyDone && (a.closed || !a.rcv.active && !a.rcv.ordering && !a.warm.running) {
+	if !a.readyDone && (a.closed || a.broken() || !a.rcv.active && !a.rcv.ordering && !a.warm.running) {
 		a.readyDone = true
 		a.readyAfter = time.Since(a.rcv.started)
 		close(a.ready)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -25,6 +26,16 @@ type backing struct {
 	geo     geometry
 	sb      superblock
 	sbSlot  int // the copy written last
+	// mapMu orders replacing the file's mapping (fault.go) against closing
+	// it; replaced says it was.
+	mapMu    sync.Mutex
+	replaced bool
+}
+
+// holds reports whether addr lies in the arena file's mapping.
+func (b *backing) holds(addr uintptr) bool {
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(b.mapping)))
+	return b.fd >= 0 && addr >= lo && addr < lo+uintptr(len(b.mapping))
 }
 
 // writeSuperblock writes b.sb, one generation newer, over the older copy.
@@ -38,14 +49,21 @@ func (b *backing) writeSuperblock() {
 }
 
 // close writes the superblock (clean says whether the arena shut down with
-// nothing in flight), unmaps the memory and unlocks the file.
+// nothing in flight), unmaps the memory and unlocks the file. A file that was
+// truncated under it (its mapping replaced, or a fault writing the
+// superblock) is left empty, for the next start to format anew.
 func (b *backing) close(clean bool, objects, bytes int64) error {
 	var errs []error
 	if b.fd >= 0 {
+		b.mapMu.Lock()
+		defer b.mapMu.Unlock()
 		if clean {
 			b.sb.state, b.sb.objects, b.sb.bytes, b.sb.closedNS = sbClean, objects, bytes, time.Now().UnixNano()
 		}
-		b.writeSuperblock()
+		if !b.replaced && !faultless(b.mapping, b.writeSuperblock) {
+			errs = append(errs, fmt.Errorf("close arena file %s: it was truncated while the arena ran; it is left empty, and the next start formats it anew: %w", b.path, ErrBroken))
+			_ = unix.Ftruncate(b.fd, 0)
+		}
 		unmapBytes(b.mapping)
 		if err := unix.Close(b.fd); err != nil {
 			errs = append(errs, fmt.Errorf("close arena file %s: %w", b.path, err))

@@ -41,7 +41,9 @@ type Config struct {
 	SlabBytes int64 `json:"slabBytes"`
 	// File, when set, is the arena's memory: a file on tmpfs, hugetlbfs or
 	// ramfs, created if missing, locked against a second arena and mapped
-	// shared, so that it outlives the process. An arena started on the file a
+	// shared, so that it outlives the process. It must be the service's own
+	// (owner.go): created by it, or a regular file of its user with mode 0600
+	// in directories no other user can change; anything else is ErrUnsafe. An arena started on the file a
 	// killed or stopped one used recovers every object that was committed in
 	// it (recover.go); one of another geometry, or a damaged one, starts empty
 	// and says why in one log line. Size the file system to the arena (tmpfs
@@ -92,6 +94,9 @@ type Config struct {
 	recoverStep func(n int)
 	// populate, when set (tests), replaces populating a range.
 	populate func(off, n int64) error
+	// noWatch (tests) starts no watcher of the arena file (fault.go): a
+	// truncation is found by its faults alone.
+	noWatch bool
 }
 
 // DefaultConfig returns a Config for an anonymous arena of size bytes with

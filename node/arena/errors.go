@@ -38,12 +38,27 @@ var (
 	// ErrClosed: the arena was closed.
 	ErrClosed = fmt.Errorf("arena: %w", storage.ErrClosed)
 	// ErrFile: the arena file cannot be used (not on tmpfs, hugetlbfs or
-	// ramfs, not a regular file, or its file system has no room). The message
-	// says what to fix.
+	// ramfs, not a regular file, or, for an arena without a warm-up, its file
+	// system has no room). The message says what to fix.
 	ErrFile = errors.New("arena file cannot be used")
 	// ErrLocked: another arena (another node service) has the arena file.
 	ErrLocked = errors.New("arena file is in use")
+	// ErrUnsafe: the arena file, or a directory on its path, is not the
+	// service's own: another user made it or can write it, and so could read
+	// every tenant's objects, change them, or forge ones a warm restart would
+	// serve. The message names the fix (remove, chown or chmod). It wraps
+	// ErrFile: a configuration to change, not a failure to retry.
+	ErrUnsafe = fmt.Errorf("arena file is not the service's own: %w", ErrFile)
+	// ErrBroken: the arena's memory is gone: its file was truncated (or a
+	// page of it faulted) while the arena served. A broken arena serves
+	// nothing and takes nothing; the rest of the service goes on, and a
+	// restart formats the file anew (fault.go).
+	ErrBroken = fmt.Errorf("arena memory is gone: %w", storage.ErrUnavailable)
 	// ErrExtent: Extents.Free of a range that is not an allocated extent (a double
 	// free, a foreign offset, or the wrong length). The allocator is unchanged.
 	ErrExtent = errors.New("not an allocated extent")
 )
+
+// errNoRoom: the arena file's file system has no room even for its header;
+// New falls back to anonymous memory for this run.
+var errNoRoom = errors.New("no room for the arena file")

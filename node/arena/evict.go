@@ -1,6 +1,9 @@
 package arena
 
-import "time"
+import (
+	"runtime/debug"
+	"time"
+)
 
 // Eviction. Victims are the least recently used committed objects that no lease
 // pins; recency is the last Commit, or the end of the last lease (a read that just
@@ -31,6 +34,7 @@ import "time"
 // the fill (or the extents, slabs whole) past the high watermark.
 func (a *Arena) background() {
 	defer a.done.Done()
+	defer a.guard(debug.SetPanicOnFault(true), nil) // once for the goroutine: OnEvict's copies too
 	for {
 		select {
 		case <-a.stop:
@@ -60,7 +64,7 @@ func (a *Arena) evictToLow() {
 	// Victims read during OnEvict go back to the front; the budget ends a pass
 	// that readers keep defeating, until the next Commit or Release wakes it.
 	budget := 2*int64(a.recs.Live()) + 2
-	for ; !a.closed && a.usedLocked()-a.inflightBytes > a.low; budget-- {
+	for ; !a.closed && !a.broken() && a.usedLocked()-a.inflightBytes > a.low; budget-- {
 		v := a.lruBack()
 		if v == 0 || budget == 0 {
 			// Everything left is leased or being written (or was read during its
@@ -87,7 +91,7 @@ func (a *Arena) evictToLow() {
 	if a.regionFillLocked()-a.inflightBytes <= a.high {
 		budget = 0
 	}
-	for ; !a.closed && a.regionFillLocked()-a.inflightBytes > a.low && budget > 0; budget-- {
+	for ; !a.closed && !a.broken() && a.regionFillLocked()-a.inflightBytes > a.low && budget > 0; budget-- {
 		if !a.evictRegionLocked(a.ext.Size() + 1) {
 			break
 		}
@@ -135,7 +139,7 @@ func (a *Arena) evictRegionLocked(units int64) bool {
 	for _, v := range victims {
 		// The lock was dropped during the last OnEvict: the record may have
 		// been freed, or reused for an object elsewhere, meanwhile.
-		if r := a.rec(v); r.state == committed && r.flags&flagInLRU != 0 && a.inRegion(r, start) && !a.closed {
+		if r := a.rec(v); r.state == committed && r.flags&flagInLRU != 0 && !a.closed && !a.broken() && a.inRegion(r, start) {
 			a.evictLocked(v)
 		}
 	}
@@ -206,6 +210,9 @@ func (a *Arena) evictLocked(v uint32) bool {
 			a.mu.Lock()
 			a.endEvictLocked(v, span)
 			r.flags &^= flagTouched
+			if a.broken() {
+				return
+			}
 			if r.state == gone {
 				a.freeLocked(v)
 			} else if leasesOf(r) == 0 && !a.closed {
@@ -226,6 +233,15 @@ func (a *Arena) evictLocked(v uint32) bool {
 			a.cfg.Logger.Warn("arena: releasing memory after close", "err", err)
 		}
 	}()
+	if a.broken() {
+		if spilled {
+			// The memory may have been replaced by zeros while OnEvict copied
+			// it (fault.go): what it kept is not to be trusted.
+			a.cfg.Logger.Warn("arena: an object was evicted while the arena broke; the copy its eviction kept may be zeros: remove the key",
+				"key", ev.Key, "format", ev.Format)
+		}
+		return false
+	}
 	switch {
 	case r.state == gone: // removed during OnEvict: freed as removed, not evicted
 		a.freeLocked(v)

@@ -142,15 +142,16 @@ func memoryFS(t int64) (string, bool) {
 	return "", false
 }
 
-// openFile opens, locks and maps the arena file at path, reusing it when its
-// superblock says it holds an arena of the same geometry, and formatting it
-// anew otherwise.
+// openFile opens (owner.go: only a file of the service's own), locks and maps
+// the arena file at path, reusing it when its superblock says it holds an
+// arena of the same geometry, and formatting it anew otherwise. New writes
+// the superblock, where a fault is guarded.
 func openFile(cfg *Config, unit, size int64) (_ *backing, _ opened, err error) {
 	var op opened
 	path := cfg.File
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	fd, _, err := openOwn(path)
 	if err != nil {
-		return nil, op, fmt.Errorf("arena file %s: %v; give --arena-file a path on a tmpfs this user can write, or '' for an anonymous arena: %w", path, err, ErrFile)
+		return nil, op, err
 	}
 	defer func() {
 		if err != nil {
@@ -161,18 +162,8 @@ func openFile(cfg *Config, unit, size int64) (_ *backing, _ opened, err error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, op, fmt.Errorf("arena file %s: %v: %w", path, err, ErrFile)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, op, fmt.Errorf("arena file %s is not a regular file: %w", path, ErrFile)
-	}
 	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		holder := ""
-		var hdr [umOffset]byte
-		if n, _ := unix.Pread(fd, hdr[:], 0); n == umOffset {
-			if sb, ok, _ := pickSuperblock(hdr[:], umOffset); ok && sb.pid != 0 {
-				holder = fmt.Sprintf(" (pid %d)", sb.pid)
-			}
-		}
-		return nil, op, fmt.Errorf("arena file %s is in use by another node service%s: stop it first, or give this service its own --arena-file: %w", path, holder, ErrLocked)
+		return nil, op, lockedErr(path, fd, &st)
 	}
 	var fs unix.Statfs_t
 	if err := unix.Fstatfs(fd, &fs); err != nil {
@@ -209,8 +200,13 @@ func openFile(cfg *Config, unit, size int64) (_ *backing, _ opened, err error) {
 		if err := unix.Ftruncate(fd, g.fileSize); err != nil {
 			return nil, op, fmt.Errorf("arena file %s: size it to %d bytes: %v: %w", path, g.fileSize, err, ErrFile)
 		}
+		// The old file's pages are free now, and count as room.
+		if err := unix.Fstatfs(fd, &fs); err != nil {
+			return nil, op, fmt.Errorf("arena file %s: statfs: %v: %w", path, err, ErrFile)
+		}
 	}
-	if err := checkRoom(cfg, path, fsName, fs, g.fileSize-allocated); err != nil {
+	short, err := checkRoom(cfg, path, fsName, fs, g.fileSize-allocated)
+	if err != nil {
 		if !op.warm {
 			_ = unix.Ftruncate(fd, 0)
 		}
@@ -218,9 +214,19 @@ func openFile(cfg *Config, unit, size int64) (_ *backing, _ opened, err error) {
 	}
 	// The header's pages are taken now, so that writing the unit map or the
 	// log never meets a full file system (which would be a SIGBUS): 1/1024 of
-	// the arena and 8 MiB, allocated at several GB/s.
+	// the arena and 8 MiB, allocated at several GB/s. Without room for them
+	// the file cannot hold an arena at all (New falls back to anonymous memory).
 	if err := unix.Fallocate(fd, 0, 0, roundUp(g.headerBytes(), pageSize)); err != nil {
-		return nil, op, fmt.Errorf("arena file %s: allocate its header: %v; the %s is full: %w", path, err, fsName, ErrFile)
+		if !op.warm {
+			_ = unix.Ftruncate(fd, 0)
+		}
+		return nil, op, fmt.Errorf("arena file %s: allocate its header of %s: %v; the %s is full: free room on it or mount it larger: %w",
+			path, hostmem.FormatBytes(roundUp(g.headerBytes(), pageSize)), err, fsName, errNoRoom)
+	}
+	if short {
+		cfg.Logger.Warn("arena file's file system is short of room: the arena starts with what fits and holds less until there is more",
+			"file", path, "fs", fsName, "needBytes", g.fileSize-allocated, "freeBytes", int64(fs.Bavail)*fs.Bsize,
+			"fix", "mount it larger (size=, or more vm.nr_hugepages for hugetlbfs), free room on it, or lower --arena; restart to use the room freed")
 	}
 	m, err := mapBytes(fd, g.fileSize, unix.MAP_SHARED, g.align)
 	if err != nil {
@@ -244,8 +250,31 @@ func openFile(cfg *Config, unit, size int64) (_ *backing, _ opened, err error) {
 	}
 	b.sb.starts++
 	b.sb.state, b.sb.pid = sbInUse, uint32(os.Getpid())
-	b.writeSuperblock()
 	return b, op, nil
+}
+
+// begin writes the superblock of a start, in both copies: with one, a single
+// damaged byte in it would start the next service empty.
+func (b *backing) begin() {
+	b.writeSuperblock()
+	b.writeSuperblock()
+}
+
+// lockedErr says who holds the lock on the arena file: the process /proc/locks
+// names, or the pid the superblock recorded.
+func lockedErr(path string, fd int, st *unix.Stat_t) error {
+	if pid, comm := lockHolder(st); pid > 0 {
+		return fmt.Errorf("arena file %s is locked by another process (%s): in use by another node service (pid %d); stop it first, or give this service its own --arena-file: %w",
+			path, comm, pid, ErrLocked)
+	}
+	holder := ""
+	var hdr [umOffset]byte
+	if n, _ := unix.Pread(fd, hdr[:], 0); n == umOffset {
+		if sb, ok, _ := pickSuperblock(hdr[:], umOffset); ok && sb.pid != 0 {
+			holder = fmt.Sprintf(" (pid %d)", sb.pid)
+		}
+	}
+	return fmt.Errorf("arena file %s is locked by another process: in use by another node service%s; stop it first, or give this service its own --arena-file: %w", path, holder, ErrLocked)
 }
 
 // pickSuperblock chooses the newer valid copy in hdr, the first page of a
@@ -274,15 +303,24 @@ func pickSuperblock(hdr []byte, size int64) (sb superblock, warm bool, why strin
 	return sb, false, "it holds no arena (no superblock)"
 }
 
-// checkRoom refuses a file that needs more memory than the file system or
-// the host has: writing into a full tmpfs or hugetlbfs is a SIGBUS.
-func checkRoom(cfg *Config, path, fsName string, fs unix.Statfs_t, need int64) error {
+// checkRoom checks that the file's need bytes more fit. More than the host's
+// memory is refused: tmpfs pages past it get the service OOM-killed. More
+// than the file system has free is not (short reports it): a full tmpfs is a
+// state of the moment (after a kill, the other users of /dev/shm), so the
+// arena starts with what fits and says so once; the warm-up leaves what it
+// cannot populate unused (Stats().UnusableBytes) rather than meet a SIGBUS.
+// Only an arena handed out without a warm-up (Config.Warmup off: tests,
+// benchmarks), whose first writes would meet it, is refused.
+func checkRoom(cfg *Config, path, fsName string, fs unix.Statfs_t, need int64) (short bool, err error) {
 	if need <= 0 {
-		return nil
+		return false, nil
 	}
 	if free := int64(fs.Bavail) * fs.Bsize; fsName != "ramfs" && need > free {
-		return fmt.Errorf("arena file %s needs %s more of its %s, which has %s free: mount it larger (size=, or more vm.nr_hugepages for hugetlbfs) or lower --arena: %w",
-			path, hostmem.FormatBytes(need), fsName, hostmem.FormatBytes(max(free, 0)), ErrFile)
+		if !cfg.Warmup {
+			return true, fmt.Errorf("arena file %s needs %s more of its %s, which has %s free: mount it larger (size=, or more vm.nr_hugepages for hugetlbfs) or lower --arena: %w",
+				path, hostmem.FormatBytes(need), fsName, hostmem.FormatBytes(max(free, 0)), ErrFile)
+		}
+		short = true
 	}
 	avail, reserve := hostmem.AvailableBytes, int64(1<<30)
 	if cfg.Allocator != nil {
@@ -294,11 +332,11 @@ func checkRoom(cfg *Config, path, fsName string, fs unix.Statfs_t, need int64) e
 	}
 	have, err := avail()
 	if err != nil {
-		return nil // without a reading, trust the file system's own limit
+		return short, nil // without a reading, trust the file system's own limit
 	}
 	if need > have-reserve {
-		return fmt.Errorf("arena file %s needs %s more memory, %s available, %s reserved: lower --arena: %w",
+		return short, fmt.Errorf("arena file %s needs %s more memory, %s available, %s reserved: lower --arena: %w",
 			path, hostmem.FormatBytes(need), hostmem.FormatBytes(max(have, 0)), hostmem.FormatBytes(reserve), hostmem.ErrNoMemory)
 	}
-	return nil
+	return short, nil
 }

@@ -3,6 +3,7 @@ package arena
 import (
 	"fmt"
 	"hash/maphash"
+	"runtime/debug"
 	"sync/atomic"
 )
 
@@ -23,12 +24,16 @@ type Lease struct {
 // being written is not found yet), and with ErrFormat when the key's object has
 // another format. An object whose OnEvict is running can be leased; it is then
 // kept.
-func (a *Arena) Acquire(key string, format uint64) (*Lease, error) {
+func (a *Arena) Acquire(key string, format uint64) (_ *Lease, err error) {
 	h := maphash.String(a.seed, key)
+	defer a.guard(debug.SetPanicOnFault(true), &err)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
 		return nil, fmt.Errorf("acquire %q: %w", key, ErrClosed)
+	}
+	if a.broken() {
+		return nil, ErrNotFound
 	}
 	l, err := a.acquireLocked(key, h, format)
 	if err != nil && err != ErrNotFound {
@@ -45,8 +50,9 @@ func (a *Arena) Acquire(key string, format uint64) (*Lease, error) {
 // ErrFormat) and leases[i] holds nothing. leases and errs need len(keys)
 // elements; what they held before is overwritten, so a caller can reuse them
 // once every lease in them has been released. It fails as a whole only when the
-// arena is closed, and then leases nothing.
-func (a *Arena) AcquireInto(keys []string, format uint64, leases []Lease, errs []error) error {
+// arena is closed or its memory faults meanwhile (ErrBroken), and then leases
+// nothing; a broken arena misses every key.
+func (a *Arena) AcquireInto(keys []string, format uint64, leases []Lease, errs []error) (err error) {
 	if len(leases) < len(keys) || len(errs) < len(keys) {
 		panic(fmt.Sprintf("arena: AcquireInto of %d keys into %d leases and %d errors", len(keys), len(leases), len(errs)))
 	}
@@ -59,13 +65,27 @@ func (a *Arena) AcquireInto(keys []string, format uint64, leases []Lease, errs [
 	for _, k := range keys {
 		hs = append(hs, maphash.String(a.seed, k))
 	}
+	// Deferred before guard, so it runs after it: a fault leases nothing (what
+	// it leased so far stays counted; a broken arena frees nothing anyway).
+	defer func() {
+		if err != nil {
+			for i := range keys {
+				leases[i].clear()
+			}
+		}
+	}()
+	defer a.guard(debug.SetPanicOnFault(true), &err)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
+		return fmt.Errorf("acquire %d objects: %w", len(keys), ErrClosed)
+	}
+	if a.broken() {
 		for i := range keys {
 			leases[i].clear()
+			errs[i] = ErrNotFound
 		}
-		return fmt.Errorf("acquire %d objects: %w", len(keys), ErrClosed)
+		return nil
 	}
 	for i, k := range keys {
 		l := &leases[i]
@@ -95,6 +115,7 @@ func (l *Lease) clear() {
 // batch does not keep this batch's keys alive. The leases must be this
 // arena's.
 func (a *Arena) ReleaseAll(leases []Lease) {
+	defer a.guard(debug.SetPanicOnFault(true), nil)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	lru := false
@@ -146,6 +167,7 @@ func (a *Arena) leaseLocked(key string, h, format uint64) (uint32, []byte, error
 	if r.flags&flagInLRU != 0 {
 		a.lruRemove(idx)
 	}
+	b := a.bytesOf(r) // before the counts: it reads the memory, which may fault
 	if r.prev == 0 {
 		a.leased++
 	}
@@ -154,7 +176,7 @@ func (a *Arena) leaseLocked(key string, h, format uint64) (uint32, []byte, error
 	if r.flags&flagEvicting != 0 {
 		r.flags |= flagTouched
 	}
-	return idx, a.bytesOf(r), nil
+	return idx, b, nil
 }
 
 // Key is the leased object's key.
@@ -176,6 +198,7 @@ func (l *Lease) Release() {
 		return
 	}
 	a := l.a
+	defer a.guard(debug.SetPanicOnFault(true), nil)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.releaseLocked(l.idx) {
@@ -197,6 +220,7 @@ func (a *Arena) releaseLocked(idx uint32) bool {
 	}
 	a.leased--
 	switch {
+	case a.broken(): // nothing is freed or kept any more (fault.go)
 	case r.state == gone:
 		a.freeLocked(idx)
 	case r.state == committed && r.flags&flagEvicting == 0 && !a.closed:
@@ -208,11 +232,12 @@ func (a *Arena) releaseLocked(idx uint32) bool {
 
 // Contains reports whether the committed object key has the given format. It does
 // not count as a use for eviction.
-func (a *Arena) Contains(key string, format uint64) bool {
+func (a *Arena) Contains(key string, format uint64) (found bool) {
 	h := maphash.String(a.seed, key)
+	defer a.guard(debug.SetPanicOnFault(true), nil)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return !a.closed && a.committedLocked(key, h, format)
+	return !a.closed && !a.broken() && a.committedLocked(key, h, format)
 }
 
 // committedLocked reports whether the committed object key, of hash h, has format.
@@ -227,10 +252,11 @@ func (a *Arena) committedLocked(key string, h, format uint64) bool {
 
 // ContainsPrefix returns how many of keys, from the first, Contains would report:
 // a batch's lookups under one lock.
-func (a *Arena) ContainsPrefix(keys []string, format uint64) int {
+func (a *Arena) ContainsPrefix(keys []string, format uint64) (n int) {
+	defer a.guard(debug.SetPanicOnFault(true), nil)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed || a.broken() {
 		return 0
 	}
 	for i, k := range keys {

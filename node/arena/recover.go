@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"hash/maphash"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -143,47 +144,23 @@ func (a *Arena) rebuildAllocator(exts []umExtent) error {
 const recoverWorkers = 2
 
 // recoverObjects reads the slabs (with a helper), then frees the orphans,
-// which ends recovery, and orders the LRU list (step 2 above).
+// which ends recovery, and orders the LRU list (step 2 above). A fault in the
+// file's memory (it was truncated) breaks the arena, which ends recovery too
+// (fault.go).
 func (a *Arena) recoverObjects() {
 	defer a.done.Done()
 	defer a.rcv.order.close()
+	defer a.guard(debug.SetPanicOnFault(true), nil)
 	var wg sync.WaitGroup
 	for range recoverWorkers - 1 {
 		wg.Go(a.readSlabs)
 	}
 	a.readSlabs()
 	wg.Wait()
-	a.mu.Lock()
-	if a.closed {
-		a.mu.Unlock()
+	order, ok := a.endRecovery()
+	if !ok {
 		return
 	}
-	for u, o := range a.owner {
-		if o == ownerOrphan {
-			_, n := umDecode(a.umap[u])
-			delete(a.owner, u)
-			a.setUnit(u, 0)
-			if err := a.ext.Free(u, n); err != nil {
-				panic("arena: freeing an orphan extent: " + err.Error()) // a bookkeeping bug
-			}
-			a.rcv.orphansFreed++
-		}
-	}
-	a.rcv.orphans = 0
-	// Every object is indexed and every extent accounted for: recovery is
-	// over (removals may go on). What is left only orders the LRU list.
-	a.rcv.ordering = true
-	a.rcv.finish(a)
-	a.kickLocked()
-	order := a.rcv.order.pairs()
-	a.cfg.Logger.Info("arena recovered", "file", a.rcv.file, "objects", a.rcv.recovered, "bytes", a.rcv.recoveredBytes,
-		"lost", a.rcv.lost, "duplicates", a.rcv.duplicates, "unfinishedWrites", a.rcv.orphansFreed,
-		"previousShutdownClean", a.rcv.prevClean, "took", a.rcv.took.Round(time.Microsecond))
-	if a.rcv.lost > 0 || a.rcv.badUnits > 0 {
-		a.cfg.Logger.Warn("arena file held damaged objects; they were dropped, never served",
-			"file", a.rcv.file, "lostObjects", a.rcv.lost, "badUnitMapWords", a.rcv.badUnits)
-	}
-	a.mu.Unlock()
 	// Most recent first: each goes to the back in turn, so the least recently
 	// committed ends last, the first victim.
 	slices.SortFunc(order, func(x, y seqIdx) int { return cmp.Compare(y.seq, x.seq) })
@@ -209,9 +186,47 @@ func (a *Arena) recoverObjects() {
 	a.mu.Unlock()
 }
 
-// readSlabs reads slabs until none is left (or the arena closes): each is
-// read and checked without the lock, and what it holds indexed with it.
+// endRecovery frees the orphans and ends recovery, once every slab is read,
+// and returns the recovered objects to order; false when the arena closed or
+// broke first.
+func (a *Arena) endRecovery() ([]seqIdx, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed || a.broken() {
+		return nil, false
+	}
+	for u, o := range a.owner {
+		if o == ownerOrphan {
+			_, n := umDecode(a.umap[u])
+			delete(a.owner, u)
+			a.setUnit(u, 0)
+			if err := a.ext.Free(u, n); err != nil {
+				panic("arena: freeing an orphan extent: " + err.Error()) // a bookkeeping bug
+			}
+			a.rcv.orphansFreed++
+		}
+	}
+	a.rcv.orphans = 0
+	// Every object is indexed and every extent accounted for: recovery is
+	// over (removals may go on). What is left only orders the LRU list.
+	a.rcv.ordering = true
+	a.rcv.finish(a)
+	a.kickLocked()
+	a.cfg.Logger.Info("arena recovered", "file", a.rcv.file, "objects", a.rcv.recovered, "bytes", a.rcv.recoveredBytes,
+		"lost", a.rcv.lost, "duplicates", a.rcv.duplicates, "unfinishedWrites", a.rcv.orphansFreed,
+		"previousShutdownClean", a.rcv.prevClean, "took", a.rcv.took.Round(time.Microsecond))
+	if a.rcv.lost > 0 || a.rcv.badUnits > 0 {
+		a.cfg.Logger.Warn("arena file held damaged objects; they were dropped, never served",
+			"file", a.rcv.file, "lostObjects", a.rcv.lost, "badUnitMapWords", a.rcv.badUnits)
+	}
+	return a.rcv.order.pairs(), true
+}
+
+// readSlabs reads slabs until none is left (or the arena closes or breaks):
+// each is read and checked without the lock, and what it holds indexed with
+// it. Each worker guards its own goroutine.
 func (a *Arena) readSlabs() {
+	defer a.guard(debug.SetPanicOnFault(true), nil)
 	var found []slotFind
 	var damaged []int64
 	for {
@@ -220,27 +235,45 @@ func (a *Arena) readSlabs() {
 			return
 		default:
 		}
-		a.mu.Lock()
-		n := a.rcv.next
-		a.mu.Unlock()
 		if h := a.cfg.recoverStep; h != nil {
+			a.mu.Lock()
+			n := a.rcv.next
+			a.mu.Unlock()
 			h(n)
 		}
-		a.mu.Lock()
-		if a.closed || a.rcv.next == len(a.rcv.unscanned) {
-			a.mu.Unlock()
+		id, s, ok := a.nextSlab()
+		if !ok {
 			return
 		}
-		id := a.rcv.unscanned[a.rcv.next]
-		a.rcv.next++
-		s := a.slabs[id] // a copy: the slab is not changed until it is indexed
-		a.mu.Unlock()
 		found, damaged = a.readSlab(&s, found[:0], damaged[:0])
-		a.mu.Lock()
-		a.indexSlabLocked(id, found, damaged)
-		a.rcv.read++
-		a.mu.Unlock()
+		a.indexSlab(id, found, damaged)
 	}
+}
+
+// nextSlab takes the next slab to read, and a copy of it (the slab is not
+// changed until it is indexed); false when none is left or the arena closed
+// or broke.
+func (a *Arena) nextSlab() (uint32, slab, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed || a.broken() || a.rcv.next == len(a.rcv.unscanned) {
+		return 0, slab{}, false
+	}
+	id := a.rcv.unscanned[a.rcv.next]
+	a.rcv.next++
+	return id, a.slabs[id], true
+}
+
+// indexSlab indexes what readSlab found in slab id, unless the arena broke
+// meanwhile (what it read may be zeros).
+func (a *Arena) indexSlab(id uint32, found []slotFind, damaged []int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.broken() {
+		return
+	}
+	a.indexSlabLocked(id, found, damaged)
+	a.rcv.read++
 }
 
 // slotFind is a slot that holds what looks like a committed object: its
@@ -418,7 +451,7 @@ func (a *Arena) AwaitRecovered(ctx context.Context) error {
 // awaitRecoveredLocked waits, with the lock, until recovery has ended or the
 // arena is closed.
 func (a *Arena) awaitRecoveredLocked() {
-	for a.rcv.active && !a.closed {
+	for a.rcv.active && !a.closed && !a.broken() {
 		a.rcv.waits++
 		a.cond.Wait()
 	}

@@ -1,6 +1,9 @@
 package arena
 
-import "hash/maphash"
+import (
+	"hash/maphash"
+	"runtime/debug"
+)
 
 // Removal. A Remove must win over everything else in flight on its key, or
 // the object comes back: an eviction copying it to the spill would leave the
@@ -38,12 +41,20 @@ type removal struct {
 // objects of its file, until recovery ends (recover.go): a copy of the key in
 // a slab not read yet would come back after the removal. A caller with a
 // deadline waits in AwaitRecovered first.
+//
+// A broken arena (fault.go) holds nothing to remove: removed is false.
 func (a *Arena) BeginRemove(key string) (removed bool, end func()) {
 	h := maphash.String(a.seed, key)
+	defer func() {
+		if end == nil { // a fault before the barrier stood
+			end = func() {}
+		}
+	}()
+	defer a.guard(debug.SetPanicOnFault(true), nil)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.awaitRecoveredLocked()
-	if a.closed {
+	if a.closed || a.broken() {
 		return false, func() {}
 	}
 	a.appendLogLocked(logRemoved, key, 0) // whatever a recent eviction kept of it goes too

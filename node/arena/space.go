@@ -105,8 +105,8 @@ func (a *Arena) unindexLocked(idx uint32) {
 // go calls it again.
 func (a *Arena) freeLocked(idx uint32) {
 	r := a.rec(idx)
-	if r.state != gone || leasesOf(r) > 0 || r.flags&flagEvicting != 0 {
-		return
+	if r.state != gone || leasesOf(r) > 0 || r.flags&flagEvicting != 0 || a.broken() {
+		return // a broken arena frees nothing: its records may point at zeros (fault.go)
 	}
 	span := a.spanOf(r)
 	if r.flags&flagLarge != 0 {

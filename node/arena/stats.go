@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"time"
 )
 
@@ -77,6 +78,11 @@ type Stats struct {
 	WarmupTook time.Duration `json:"warmupTook,omitempty"`
 	// Recovery is what this start found in the arena file.
 	Recovery RecoveryStats `json:"recovery"`
+	// Broken, when set, says why the arena's memory is gone (its file was
+	// truncated while it served): it serves nothing and takes nothing until
+	// the service restarts (fault.go). BrokenAt is when it broke.
+	Broken   string    `json:"broken,omitempty"`
+	BrokenAt time.Time `json:"brokenAt,omitzero"`
 }
 
 // RecoveryStats is what an arena's start found and recovered.
@@ -163,7 +169,17 @@ func (a *Arena) Stats() Stats {
 		UnusableBytes: a.warm.failed * a.unit,
 		WarmupTook:    a.warm.took,
 		Recovery:      a.recoveryStatsLocked(),
+		Broken:        a.brokenWhyLocked(),
+		BrokenAt:      a.brk.at,
 	}
+}
+
+// brokenWhyLocked is Stats.Broken.
+func (a *Arena) brokenWhyLocked() string {
+	if !a.broken() {
+		return ""
+	}
+	return a.brokenErrLocked().Error()
 }
 
 func (a *Arena) recoveryStatsLocked() RecoveryStats {
@@ -190,11 +206,13 @@ func (a *Arena) recoveryStatsLocked() RecoveryStats {
 // the slabs' counts and free lists; the LRU list holding exactly the committed
 // objects nothing pins; and the counters agreeing with a walk of the records.
 // It walks everything under the lock; tests and debugging use it. After the
-// memory is released at Close there is nothing to check.
-func (a *Arena) Check() error {
+// memory is released at Close there is nothing to check, nor in a broken arena,
+// whose bookkeeping is abandoned (fault.go).
+func (a *Arena) Check() (err error) {
+	defer a.guard(debug.SetPanicOnFault(true), &err)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.back == nil {
+	if a.back == nil || a.broken() {
 		return nil
 	}
 	var errs []error

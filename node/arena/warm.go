@@ -1,6 +1,7 @@
 package arena
 
 import (
+	"runtime/debug"
 	"time"
 
 	"github.com/stratakv/strata/hostmem"
@@ -80,9 +81,11 @@ func (a *Arena) warmPieces(exts []Span) []Span {
 }
 
 // warmUp populates the chunks in order and hands their free extents to the
-// allocator.
+// allocator. It stops when the arena breaks (fault.go), which also ends the
+// start (checkReadyLocked).
 func (a *Arena) warmUp() {
 	defer a.done.Done()
+	defer a.guard(debug.SetPanicOnFault(true), nil)
 	start := time.Now()
 	w := &a.warm
 	chunkBytes := w.chunkUnits * a.unit
@@ -92,6 +95,9 @@ func (a *Arena) warmUp() {
 			return
 		default:
 		}
+		if a.broken() {
+			return
+		}
 		off := int64(c) * chunkBytes
 		n := min(chunkBytes, a.size-off)
 		// Without the lock: the memory stays mapped until Close has waited
@@ -100,36 +106,7 @@ func (a *Arena) warmUp() {
 		if a.cfg.populate != nil {
 			populate = a.cfg.populate
 		}
-		err := populate(off, n)
-		a.mu.Lock()
-		var units int64
-		for _, p := range w.chunks[c].pieces {
-			units += p.N
-		}
-		w.withheld -= units
-		if err != nil {
-			w.failed += units
-			// The watermarks apply to the memory the arena can use.
-			usable := float64(a.size - w.failed*a.unit)
-			a.high, a.low = int64(a.cfg.HighWatermark*usable), int64(a.cfg.LowWatermark*usable)
-			if w.err == nil {
-				w.err = err
-				a.cfg.Logger.Warn("arena: memory that cannot be populated is left unused; the arena holds less",
-					"file", a.cfg.File, "at", off, "err", err, "fix", "give the arena's tmpfs or huge page pool more room, or lower --arena")
-			}
-		} else {
-			for _, p := range w.chunks[c].pieces {
-				delete(a.owner, p.Off)
-				if err := a.ext.Free(p.Off, p.N); err != nil {
-					panic("arena: warming: " + err.Error()) // a bookkeeping bug
-				}
-			}
-			w.readyBytes += n
-		}
-		w.chunks[c].pieces = nil
-		ready := w.readyBytes
-		a.cond.Broadcast()
-		a.mu.Unlock()
+		ready := a.warmed(c, off, n, populate(off, n))
 		if h := a.cfg.OnWarmup; h != nil {
 			h(ready, a.size)
 		}
@@ -142,4 +119,43 @@ func (a *Arena) warmUp() {
 	a.mu.Unlock()
 	a.cfg.Logger.Info("arena warmed", "bytes", a.size, "took", w.took.Round(time.Millisecond),
 		"GBps", float64(a.size)/w.took.Seconds()/1e9, "unusable", hostmem.FormatBytes(unusable))
+}
+
+// warmed hands chunk c, at off for n bytes, to the allocator, or leaves it
+// withheld for good when err says it could not be populated, and returns the
+// bytes ready so far.
+func (a *Arena) warmed(c int, off, n int64, err error) int64 {
+	w := &a.warm
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.broken() {
+		return w.readyBytes
+	}
+	var units int64
+	for _, p := range w.chunks[c].pieces {
+		units += p.N
+	}
+	w.withheld -= units
+	if err != nil {
+		w.failed += units
+		// The watermarks apply to the memory the arena can use.
+		usable := float64(a.size - w.failed*a.unit)
+		a.high, a.low = int64(a.cfg.HighWatermark*usable), int64(a.cfg.LowWatermark*usable)
+		if w.err == nil {
+			w.err = err
+			a.cfg.Logger.Warn("arena: memory that cannot be populated is left unused; the arena holds less",
+				"file", a.cfg.File, "at", off, "err", err, "fix", "give the arena's tmpfs or huge page pool more room, or lower --arena")
+		}
+	} else {
+		for _, p := range w.chunks[c].pieces {
+			delete(a.owner, p.Off)
+			if err := a.ext.Free(p.Off, p.N); err != nil {
+				panic("arena: warming: " + err.Error()) // a bookkeeping bug
+			}
+		}
+		w.readyBytes += n
+	}
+	w.chunks[c].pieces = nil
+	a.cond.Broadcast()
+	return w.readyBytes
 }

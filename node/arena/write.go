@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/maphash"
+	"runtime/debug"
 	"sync/atomic"
 
 	"github.com/stratakv/strata/hostmem"
@@ -41,7 +42,7 @@ type Pending struct {
 //
 // The Pending must end in Commit or Abort, whatever happens to the writer: see
 // Pending.
-func (a *Arena) Reserve(key string, format uint64, size int64) (*Pending, error) {
+func (a *Arena) Reserve(key string, format uint64, size int64) (_ *Pending, err error) {
 	if err := a.checkKey(key); err != nil {
 		return nil, fmt.Errorf("reserve: %w", err)
 	}
@@ -49,6 +50,7 @@ func (a *Arena) Reserve(key string, format uint64, size int64) (*Pending, error)
 		return nil, fmt.Errorf("reserve %q: size %d must be positive: %w", key, size, ErrSize)
 	}
 	h := maphash.String(a.seed, key)
+	defer a.guard(debug.SetPanicOnFault(true), &err)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if size > a.size {
@@ -74,6 +76,9 @@ func (a *Arena) Reserve(key string, format uint64, size int64) (*Pending, error)
 	for {
 		if a.closed {
 			return nil, fmt.Errorf("reserve %q: %w", key, ErrClosed)
+		}
+		if a.broken() {
+			return nil, fmt.Errorf("reserve %q: %w", key, a.brokenErrLocked())
 		}
 		if a.removingLocked(key) != nil {
 			// Being removed: no new copy may enter until the removal ends
@@ -139,10 +144,12 @@ func (p *Pending) Bytes() []byte {
 }
 
 // Commit publishes the object: from now on readers find it, and it is the most
-// recently used. It fails with ErrDone after Commit or Abort, and with ErrClosed
-// (dropping the object) after the arena's Close.
-func (p *Pending) Commit() error {
+// recently used. It fails with ErrDone after Commit or Abort, with ErrClosed
+// (dropping the object) after the arena's Close, and with ErrBroken once the
+// arena broke (what was copied into it may be zeros): nothing is stored.
+func (p *Pending) Commit() (err error) {
 	a := p.a
+	defer a.guard(debug.SetPanicOnFault(true), &err)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if p.done.Load() {
@@ -150,6 +157,9 @@ func (p *Pending) Commit() error {
 	}
 	p.done.Store(true)
 	a.settleLocked(p.idx)
+	if a.broken() {
+		return fmt.Errorf("commit %q: %w", p.key, a.brokenErrLocked())
+	}
 	if a.closed {
 		a.dropLocked(p.idx)
 		if err := a.unmapLocked(); err != nil {
@@ -181,6 +191,7 @@ func (p *Pending) Commit() error {
 // can defer it right after Reserve.
 func (p *Pending) Abort() {
 	a := p.a
+	defer a.guard(debug.SetPanicOnFault(true), nil)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if p.done.Load() {
@@ -194,12 +205,15 @@ func (p *Pending) Abort() {
 	}
 }
 
-// settleLocked ends pending object idx's write: its waiters in Await wake.
+// settleLocked ends pending object idx's write: its waiters in Await wake
+// (at once, when the arena broke: fault.go).
 func (a *Arena) settleLocked(idx uint32) {
 	a.pending--
 	a.pendingBytes -= a.spanOf(a.rec(idx))
-	close(a.settled[idx])
-	delete(a.settled, idx)
+	if ch, ok := a.settled[idx]; ok {
+		close(ch)
+		delete(a.settled, idx)
+	}
 }
 
 // Await waits until no write of key is pending: the object being written under
@@ -227,11 +241,12 @@ func (a *Arena) Await(ctx context.Context, key string) (bool, error) {
 
 // pendingWrite returns the channel that closes when the pending write of key
 // ends, or nil when none is pending.
-func (a *Arena) pendingWrite(key string) <-chan struct{} {
+func (a *Arena) pendingWrite(key string) (ch <-chan struct{}) {
 	h := maphash.String(a.seed, key)
+	defer a.guard(debug.SetPanicOnFault(true), nil)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed {
+	if a.closed || a.broken() {
 		return nil
 	}
 	if idx := a.lookupLocked(key, h); idx != 0 && a.rec(idx).state == pending {
