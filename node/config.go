@@ -129,10 +129,14 @@ type Config struct {
 	IdleTimeout time.Duration `json:"idle-timeout"`
 	// RequestMemoryBytes is a node-wide budget for the memory of requests in
 	// flight (received frames, decoded items, replies). A request beyond it waits
-	// up to RequestTimeout for memory to free up, then is answered busy.
+	// up to RequestTimeout for memory to free up, then is answered busy. Users
+	// (uids) share it: while others want some, one may hold only its share, and
+	// an eighth more is kept for users holding little (budget.go).
 	RequestMemoryBytes int64 `json:"request-memory"`
 	// AdminStats is what the admin port's /stats serves: "full" (every client
-	// with its name, pid, uid and segments), "counts" (totals only) or "off".
+	// with its name, pid, uid and segments to the service's own user and root,
+	// as the kernel names the caller; another user sees its own tenant, as over
+	// the socket), "counts" (totals only) or "off".
 	AdminStats string `json:"admin-stats"`
 	// CopyWorkers is how many goroutines copy the objects of one batch at once; one
 	// core copies at about half the machine's memory bandwidth.
@@ -189,6 +193,9 @@ type hooks struct {
 	// warmed runs each time the arena's warm-up has given out a chunk of
 	// memory (arena.Config.OnWarmup): ready of total bytes. It may block.
 	warmed func(ready, total int64)
+	// spillScanned runs as the spill's background index rebuild goes
+	// (spill.Config.OnScan): scanned of total bytes. It may block, holding the scan.
+	spillScanned func(scanned, total int64)
 }
 
 func (s *Server) hookReserved(key string) {

@@ -441,6 +441,7 @@ func TestSpillReadWithoutRoomIntoTruncatedSegment(t *testing.T) {
 		c.ArenaBytes = 1 << 20
 		c.SpillDir = dir
 	})
+	waitSpillReady(t, s)
 	stop := make(chan struct{})
 	other := runBystander(t, s, stop)
 	defer func() {
@@ -603,6 +604,7 @@ func TestSpillSurvivesRestart(t *testing.T) {
 	}
 
 	s = start(t, tweak)
+	waitSpillReady(t, s)
 	st := s.Stats()
 	if st.Spill == nil || st.Spill.Recovered != spilled || st.Spill.TornTails != 0 {
 		t.Fatalf("after the restart the spill holds %+v, want the %d objects spilled before", st.Spill, spilled)

@@ -344,7 +344,7 @@ func TestSpillOnAFullDevice(t *testing.T) {
 		t.Skip("mounting a tmpfs needs root")
 	}
 	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=4m"); err != nil {
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=4m,mode=0700"); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("cannot mount a tmpfs as root: %v", err)
 		}

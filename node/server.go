@@ -132,6 +132,12 @@ func New(cfg Config) (*Server, error) {
 		}
 		sc.CompactBelow, sc.CompactBytesPerSec = cfg.SpillCompactBelow, cfg.SpillCompactRate
 		sc.Logger = s.log
+		// The segments a crash left without hint files are read after the
+		// service listens (start.go).
+		sc.ScanInBackground = true
+		if h := cfg.hooks; h != nil {
+			sc.OnScan = h.spillScanned
+		}
 		if s.spill, err = spill.New(sc); err != nil {
 			return nil, fmt.Errorf("spill directory (--spill-dir): %w", err)
 		}
@@ -187,7 +193,7 @@ func New(cfg Config) (*Server, error) {
 // removes a file in it: a directory the service cannot write would otherwise be
 // accepted and fail (and log) once per evicted object.
 func probeSpillDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil { // private: node/spill refuses a directory others can read
 		return fmt.Errorf("spill directory %s: cannot create it (%v); create it, or point --spill-dir at a directory this user can write: %w", dir, err, ErrConfig)
 	}
 	f, err := os.CreateTemp(dir, ".strata-probe-*")

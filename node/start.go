@@ -20,14 +20,18 @@ import (
 // ready, and the service says it is starting: Stats().Start, the admin port's
 // /readyz (503 until ready; /healthz stays the liveness check and answers 200
 // with the same words), and HelloReply.Starting, so that no client mistakes
-// a starting service for a dead one.
+// a starting service for a dead one. The spill's segments are indexed in the
+// background as well (node/spill's scan.go: after a crash left them without
+// hint files, that reads them whole, seconds per GiB): until it is done the
+// spill's objects of the run before are misses, while puts, removes and
+// what this run spills work as usual, and the service says it is starting.
 
 // StartStats is how the service's start went: what it kept of the service
 // before, and whether it is ready.
 type StartStats struct {
 	// State is StateStarting while the arena's memory is being populated or
-	// its file's objects recovered (the service serves already, from what is
-	// ready), then StateReady.
+	// its file's objects recovered, or the spill's segments indexed (the
+	// service serves already, from what is ready), then StateReady.
 	State string `json:"state"`
 	// ReadyPercent is how much of the arena is ready: populated and given to
 	// objects, and (on a restart) read back from the arena file.
@@ -103,21 +107,40 @@ func (s *Server) startStats(a arena.Stats) StartStats {
 	}
 	pct = min(math.Floor(pct), 99) // "100%" only once ready
 	st.State, st.ReadyPercent = StateStarting, pct
-	st.Message = fmt.Sprintf("starting (%.0f%% of the arena ready)", pct)
+	what := fmt.Sprintf("%.0f%% of the arena ready", pct)
 	if r.Recovering {
-		st.Message = fmt.Sprintf("starting (%.0f%% of the arena ready, %d objects recovered so far)", pct, r.Recovered)
+		what += fmt.Sprintf(", %d objects recovered so far", r.Recovered)
 	}
+	if s.spill != nil {
+		if done, scanned, total := s.spill.ScanProgress(); !done {
+			sp := min(math.Floor(100*float64(scanned)/float64(max(total, 1))), 99)
+			if a.Ready {
+				what = "the arena ready"
+			}
+			what += fmt.Sprintf(", %.0f%% of the spill indexed", sp)
+			st.ReadyPercent = min(pct, sp)
+		}
+	}
+	st.Message = "starting (" + what + ")"
 	return st
 }
 
-// watchReady logs when the arena is done starting, and checks the evictions
-// the service before made just before it ended (checkEvictions).
+// watchReady logs when the arena and the spill are done starting, and checks
+// the evictions the service before made just before it ended (checkEvictions:
+// the spill must have indexed them first).
 func (s *Server) watchReady() {
 	defer s.wg.Done()
 	select {
 	case <-s.arena.Ready():
 	case <-s.done:
 		return
+	}
+	if s.spill != nil {
+		select {
+		case <-s.spill.Ready():
+		case <-s.done:
+			return
+		}
 	}
 	s.checkEvictions()
 	d := time.Since(s.started)

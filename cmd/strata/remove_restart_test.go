@@ -100,6 +100,7 @@ func TestRemovesSurviveSIGKILL(t *testing.T) {
 	_ = serve.Wait()
 	strataProcess(t, args...)
 	waitStats(t, socket, "listening again", func(statsView) bool { return true })
+	waitReady(t, socket) // the spill's objects are served once it has indexed them
 	d := dialWire(t, socket, 2*obj)
 	back := 0
 	for _, k := range removed {

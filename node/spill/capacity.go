@@ -17,7 +17,7 @@ func (s *Store) deviceFree() int64 {
 		return s.freeBytes()
 	}
 	var st unix.Statfs_t
-	if err := unix.Statfs(s.dir, &st); err != nil || st.Bsize <= 0 || st.Blocks == 0 {
+	if err := unix.Fstatfs(s.dirfd, &st); err != nil || st.Bsize <= 0 || st.Blocks == 0 {
 		return math.MaxInt64 / 4
 	}
 	if st.Bavail > uint64(math.MaxInt64/4)/uint64(st.Bsize) {
@@ -88,10 +88,10 @@ func (s *Store) removeSegmentLocked(seg *segment) (objects, bytes int64) {
 	s.liveRec -= seg.liveRec
 	seg.liveRec = 0
 	s.used -= seg.size
-	if err := unix.Unlink(seg.path); err != nil && err != unix.ENOENT {
+	if err := s.unlinkAt(segmentName(seg.id)); err != nil {
 		s.log.Warn("spill: cannot remove a dropped segment file; remove it by hand", "file", seg.path, "err", err)
 	}
-	_ = unix.Unlink(s.dir + "/" + hintName(seg.id))
+	_ = s.unlinkAt(hintName(seg.id))
 	seg.hints = nil
 	seg.dropped = true
 	if seg.refs == 0 {

@@ -160,7 +160,7 @@ func TestSmallDevice(t *testing.T) {
 		skipOutsideCI(t, "mounting a tmpfs needs root; CI runs as root")
 	}
 	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=2m"); err != nil {
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=2m,mode=0700"); err != nil {
 		skipOutsideCI(t, fmt.Sprintf("cannot mount a tmpfs: %v", err))
 	}
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })

@@ -38,6 +38,13 @@ import (
 // first, until none is left or the spill closes.
 func (s *Store) compactLoop() {
 	defer s.compactor.Done()
+	// The scan of an earlier run's segments first: until it is done they
+	// hold records it has not indexed yet.
+	select {
+	case <-s.compactCtx.Done():
+		return
+	case <-s.scan.ready:
+	}
 	for {
 		select {
 		case <-s.compactCtx.Done():
@@ -62,7 +69,7 @@ func (s *Store) kickLocked(seg *segment) {
 // compactableLocked reports whether seg is a finished segment whose live
 // objects and tombstones take less than below of it.
 func (s *Store) compactableLocked(seg *segment, below float64) bool {
-	return below > 0 && seg != s.active && seg.pending == 0 && !seg.dropped && !seg.broken && !seg.compacting &&
+	return below > 0 && seg != s.active && seg.pending == 0 && !seg.dropped && !seg.broken && !seg.compacting && !seg.unscanned &&
 		!seg.noCompact && !seg.compactFailed && float64(seg.liveRec+seg.tombBytes) < below*float64(seg.size)
 }
 

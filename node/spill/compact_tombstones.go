@@ -3,7 +3,6 @@ package spill
 import (
 	"fmt"
 	"io"
-	"os"
 )
 
 // tombRef is a tombstone of a segment being compacted: where it is, its key's
@@ -49,7 +48,7 @@ func (s *Store) tombstonesOf(seg *segment) ([]tombRef, error) {
 		return nil, nil
 	}
 	if hs == nil {
-		if b, err := os.ReadFile(s.dir + "/" + hintName(seg.id)); err == nil {
+		if b, err := s.readOwnFile(hintName(seg.id), maxHintFile(size)); err == nil {
 			hs, _ = decodeHints(b, seg.id, size)
 		}
 	}

@@ -10,7 +10,9 @@ import (
 // Config places and sizes a spill. The zero value is not valid; start from
 // DefaultConfig.
 type Config struct {
-	// Dir holds the segment files. It is created if missing.
+	// Dir holds the segment files. It is created (mode 0700) if missing; one
+	// that exists must belong to the service's user with no access for the
+	// group or others (chmod 700), since it holds every tenant's objects.
 	Dir string `json:"dir"`
 	// CapacityBytes bounds the bytes of the segment files; the device's free
 	// space (statfs) bounds them too. Past either, the oldest segment is
@@ -48,6 +50,19 @@ type Config struct {
 	// engine needs. Where the filesystem refuses it (tmpfs, some network
 	// filesystems) the spill logs once and uses buffered I/O.
 	DirectIO bool `json:"directIO"`
+	// ScanInBackground makes New return once the directory is checked and
+	// its segment files are opened, and index the objects an earlier run left
+	// in them (from hint files, or by reading the segments a crash left
+	// without one) in the background: the node service listens at once
+	// instead of after a rescan that takes seconds per GiB. Until Ready is
+	// closed those objects are misses; puts and removes work meanwhile, and
+	// win over what the scan finds later. Without it New returns after the
+	// scan.
+	ScanInBackground bool `json:"scanInBackground"`
+	// OnScan, when set, is called after each part of the scan of an earlier
+	// run's segments: scanned of total bytes. It may block, holding the scan
+	// (tests do), but not call the spill.
+	OnScan func(scanned, total int64) `json:"-"`
 	// Logger receives the rare events worth a line (a torn tail dropped at
 	// start-up, an O_DIRECT fallback, a failed write). Nil means slog.Default().
 	Logger *slog.Logger `json:"-"`

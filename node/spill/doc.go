@@ -29,7 +29,14 @@
 // first, a later record of a key overriding an earlier one, stopping a segment
 // at its first bad record (a write torn by a crash) and cutting it there; the
 // data of the newest segment, the one a crash tears, is verified as well, and
-// every read verifies the rest.
+// every read verifies the rest. That scan reads segments a window of MiBs at
+// a time, and can run after New returns (Config.ScanInBackground), the
+// earlier run's objects being misses until it is done (scan.go).
+//
+// The directory is private to the service's user (dir.go): it holds every
+// tenant's objects and keys, so New refuses one that others can enter or
+// write, and no file in it is opened through a symbolic link or trusted unless
+// it is a regular file of that user.
 //
 // What the index says and what New would rebuild from the files agree for
 // every key: the newest record of a key in file order (segment, offset) is its

@@ -37,6 +37,17 @@ func testConfig(dir string) Config {
 	return c
 }
 
+// privateTempDir is a new directory as New wants it: this user's, mode 0700
+// (t.TempDir's are 0755, which New makes 0700 while they are empty).
+func privateTempDir(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 func open(t testing.TB, cfg Config) *Store {
 	t.Helper()
 	s, err := New(cfg)
@@ -98,6 +109,7 @@ func (s *Store) crash() {
 		return
 	}
 	s.inflight.Wait()
+	s.stopScan()
 	s.stopCompaction()
 	s.halt()
 	s.writer.Wait()
@@ -108,6 +120,7 @@ func (s *Store) crash() {
 		s.mapped = nil
 	}
 	_ = unix.Close(s.lock)
+	_ = unix.Close(s.dirfd)
 }
 
 // halt stops the writer and any compaction where they are, as a crash

@@ -3,7 +3,6 @@ package spill
 import (
 	"encoding/binary"
 	"fmt"
-	"os"
 
 	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
@@ -124,40 +123,41 @@ func (s *Store) writeHints(seg *segment) {
 	b := encodeHints(seg.id, seg.size, seg.hints)
 	seg.hints = nil
 	s.mu.Unlock()
-	path := s.dir + "/" + hintName(seg.id)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		s.log.Warn("spill: cannot write a segment's hint file; the next start reads the segment instead", "file", tmp, "err", err)
-		_ = os.Remove(tmp)
-		return
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		s.log.Warn("spill: cannot write a segment's hint file; the next start reads the segment instead", "file", path, "err", err)
-		_ = os.Remove(tmp)
+	name := hintName(seg.id)
+	if err := s.writeFileAt(name, b); err != nil {
+		s.log.Warn("spill: cannot write a segment's hint file; the next start reads the segment instead", "file", s.path(name), "err", err)
 		return
 	}
 	s.mu.Lock()
 	if seg.dropped {
 		// Dropped while the file was written: it must not outlive its segment.
-		_ = unix.Unlink(path)
+		_ = s.unlinkAt(name)
 	}
 	s.mu.Unlock()
 	s.st.hintsWritten.Add(1)
 }
 
 // readHints returns the hints of segment id, or nil when it has no usable
-// hint file.
+// hint file: only a regular file of this user is read.
 func (s *Store) readHints(id uint32, size int64) []hint {
-	path := s.dir + "/" + hintName(id)
-	b, err := os.ReadFile(path)
+	name := hintName(id)
+	b, err := s.readOwnFile(name, maxHintFile(size))
 	if err != nil {
+		if err != unix.ENOENT {
+			s.log.Info("spill: a segment's hint file cannot be used; reading the segment instead", "file", s.path(name), "err", err)
+			_ = s.unlinkAt(name)
+		}
 		return nil
 	}
 	hs, err := decodeHints(b, id, size)
 	if err != nil {
-		s.log.Info("spill: a segment's hint file is stale or damaged; reading the segment instead", "file", path, "err", err)
-		_ = os.Remove(path)
+		s.log.Info("spill: a segment's hint file is stale or damaged; reading the segment instead", "file", s.path(name), "err", err)
+		_ = s.unlinkAt(name)
 		return nil
 	}
 	return hs
 }
+
+// maxHintFile bounds the hint file of a segment of size bytes: an entry per
+// sector at most.
+func maxHintFile(size int64) int64 { return hintHeader + 8 + hintEntry*(size/sector+1) }

@@ -1,11 +1,15 @@
 package spill
 
 // forget forgets h's object, or (without want) cancels the put storing it,
-// when it is (still) want, and reports whether it did.
+// when it is (still) want, and reports whether it did. Without want it is a
+// remove, which also wins over the scan of an earlier run's segments.
 func (s *Store) forget(h [16]byte, want *entry) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.idx.get(h)
+	if want == nil {
+		s.shadowLocked(h)
+	}
+	e, ok := s.getLocked(h)
 	if !ok || want != nil && e != *want {
 		return false
 	}

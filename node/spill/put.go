@@ -84,7 +84,7 @@ func (s *Store) placeObject(ctx context.Context, key string, h [16]byte, format 
 		if err := s.usableLocked(ctx, "put"); err != nil {
 			return placement{}, err
 		}
-		if e, ok := s.idx.get(h); ok {
+		if e, ok := s.getLocked(h); ok {
 			if e.format != format {
 				s.st.conflicts.Add(1)
 			} else {
@@ -106,7 +106,12 @@ func (s *Store) placeObject(ctx context.Context, key string, h [16]byte, format 
 		s.bufWaiters--
 	}
 	s.testHook("put-placed-locked", key)
-	i, _, _, err := s.idx.add(&p.seg.head, h, entry{seg: p.seg.id, hdrLen: uint32(p.hdrLen), off: p.off, size: size, format: format, pending: true})
+	// An entry the index still has is an earlier run's that the scan hides
+	// (getLocked): the new record comes after it, and wins.
+	i, old, replaced, err := s.idx.add(&p.seg.head, h, entry{seg: p.seg.id, hdrLen: uint32(p.hdrLen), off: p.off, size: size, format: format, pending: true})
+	if replaced {
+		s.deadLocked(old)
+	}
 	if err != nil {
 		return p, err
 	}

@@ -75,7 +75,7 @@ func (s *Store) get(ctx context.Context, key string, format uint64, runs [][]byt
 func (s *Store) hold(key string, h [16]byte, format uint64, size int64) (e entry, b *stageBuf, seg *segment, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.idx.get(h)
+	e, ok := s.getLocked(h)
 	switch {
 	case !ok || e.pending:
 		s.st.misses.Add(1)
@@ -324,6 +324,6 @@ func (s *Store) ObjectSize(ctx context.Context, key string, format storage.Forma
 func (s *Store) lookup(h [16]byte) (entry, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.idx.get(h)
+	e, ok := s.getLocked(h)
 	return e, ok && !e.pending
 }

@@ -2,43 +2,45 @@ package spill
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"strings"
 
-	"github.com/zeebo/xxh3"
 	"golang.org/x/sys/unix"
 
 	"github.com/stratakv/strata/storage"
 )
 
-// recover rebuilds the index from the segment files in the directory, oldest
-// first, so that a later record of a key (or its tombstone) overrides an
-// earlier one. A segment ends at its first bad record: the rest is a write
-// torn by a crash (or damage) and is cut off. Only the data of the two newest
-// segments is verified here, because a crash tears the segment being written
-// (and the one before it may still have had a buffer on its way); every read
-// verifies the data it serves. The newest by id: after compaction deleted the
-// ones before them, older segments are among the last files, but no write of
-// theirs was on its way.
-func (s *Store) recover() error {
-	names, err := os.ReadDir(s.dir)
+// openSegments finds the segment files an earlier run left in the directory
+// and opens them, oldest first; the scan (scan.go) then indexes their records.
+// Only regular files of this user are taken: anything else under a segment's
+// name (a link, a FIFO, a file of another user) is refused, counted and
+// logged once, never read, and its id is skipped by new segments. Files an
+// earlier version left readable to others are made 0600. Hint files of
+// segments that are gone, temporaries and anything untrustworthy under a hint
+// file's name are removed: they are names the spill owns in its own directory.
+func (s *Store) openSegments(lockFixed bool) error {
+	names, err := s.readDirNames()
 	if err != nil {
 		return fmt.Errorf("spill: cannot list directory %s (%v); give this user read permission or point --spill-dir elsewhere: %w", s.dir, err, storage.ErrConfig)
 	}
 	var ids []uint32
-	var hintFiles []string
-	oldLayout := 0
-	for _, d := range names {
-		if id, ok := parseSegmentName(d.Name()); ok && d.Type().IsRegular() {
+	var hintFiles, refused []string
+	oldLayout, fixed := 0, 0
+	if lockFixed {
+		fixed++
+	}
+	for _, name := range names {
+		if id, ok := parseSegmentName(name); ok {
 			ids = append(ids, id)
 		}
-		if strings.HasSuffix(d.Name(), ".hint") || strings.HasSuffix(d.Name(), ".hint.tmp") {
-			hintFiles = append(hintFiles, d.Name())
+		if strings.HasSuffix(name, ".hint") || strings.HasSuffix(name, ".hint.tmp") {
+			hintFiles = append(hintFiles, name)
 		}
-		if d.IsDir() && len(d.Name()) == 2 && isHex(d.Name()) {
-			oldLayout++
+		if len(name) == 2 && isHex(name) {
+			if st, err := s.statAt(name); err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				oldLayout++
+			}
 		}
 	}
 	if oldLayout > 0 {
@@ -50,175 +52,125 @@ func (s *Store) recover() error {
 	}
 	slices.Sort(ids)
 	for _, id := range ids {
-		if err := s.recoverSegment(id, id+1 >= ids[len(ids)-1]); err != nil {
+		s.nextID = max(s.nextID, id+1) // a refused file keeps its name
+		seg, why, chmodded, err := s.openOld(id)
+		switch {
+		case err != nil:
 			return err
+		case why != "":
+			refused = append(refused, segmentName(id)+" ("+why+")")
+			continue
+		case seg == nil:
+			continue // gone meanwhile
 		}
-		s.nextID = id + 1
+		if chmodded {
+			fixed++
+		}
+		s.segs = append(s.segs, seg)
+		s.byID[id] = seg
+		s.used += seg.size
 	}
 	// Hint files of segments that are gone (dropped while their hint was
 	// written, or by hand) must not describe a later segment of their id.
 	for _, name := range hintFiles {
 		var id uint32
 		if n, err := fmt.Sscanf(name, "%08x.hint", &id); n == 1 && err == nil && hintName(id) == name && s.byID[id] != nil {
-			continue
+			ok, why, chmodded := s.checkHintFile(name)
+			if chmodded {
+				fixed++
+			}
+			if ok {
+				continue
+			}
+			if why != "" {
+				refused = append(refused, name+" ("+why+")")
+			}
 		}
-		_ = os.Remove(s.dir + "/" + name)
+		_ = s.unlinkAt(name)
 	}
-	// Segments read whole get a hint file now, for the next start.
-	for _, seg := range s.segs {
-		if seg.hints != nil {
-			s.writeHints(seg)
-		}
-		seg.hinted = true
+	s.firstNew = s.nextID
+	s.st.refused.Store(int64(len(refused)))
+	if len(refused) > 0 {
+		s.log.Warn("spill: files in the directory that are not regular files of this service's user are never read or served; remove them (or, if they are this service's own, chown them to its user)",
+			"dir", s.dir, "files", len(refused), "first", refused[:min(len(refused), 5)])
 	}
-	if n := s.idx.n; n > 0 || s.st.tornTails.Load() > 0 {
-		s.log.Info("spill: recovered the objects of an earlier run", "dir", s.dir, "objects", n, "segments", len(s.segs),
-			"bytes", s.used, "tornTails", s.st.tornTails.Load())
+	if fixed > 0 {
+		s.log.Info("spill: files an earlier version left readable to the group or others are now private (mode 0600)", "dir", s.dir, "files", fixed)
 	}
-	s.st.recovered.Store(int64(s.idx.n))
 	return nil
 }
 
-// recoverSegment reads the record headers of segment id into the index.
-func (s *Store) recoverSegment(id uint32, newest bool) error {
-	path := s.dir + "/" + segmentName(id)
-	fd, err := s.openSegment(path, unix.O_RDWR)
+// readDirNames lists the spill's directory.
+func (s *Store) readDirNames() ([]string, error) {
+	fd, err := s.openAt(".", unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
-		return ioError("open segment", path, err)
+		return nil, err
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		_ = unix.Close(fd)
-		return ioError("stat segment", path, err)
+	f := os.NewFile(uintptr(fd), s.dir)
+	defer f.Close()
+	return f.Readdirnames(-1)
+}
+
+// openOld opens segment id of an earlier run. why says why it is refused; a
+// nil segment without a reason is one that went meanwhile.
+func (s *Store) openOld(id uint32) (seg *segment, why string, chmodded bool, err error) {
+	name := segmentName(id)
+	st, err := s.statAt(name)
+	if err == unix.ENOENT {
+		return nil, "", false, nil
 	}
-	seg := &segment{id: id, path: path, fd: fd}
-	// In byID while its records are indexed: a tombstone in it may remove an
-	// object of its own.
-	s.byID[id] = seg
-	if hs := s.readHints(id, st.Size); hs != nil {
-		if err := s.applyHints(seg, hs); err != nil {
-			_ = unix.Close(fd)
-			return err
-		}
-		seg.hints = nil // its hint file stands
-		seg.size = st.Size
-		s.segs = append(s.segs, seg)
-		s.used += st.Size
-		s.st.hintsRead.Add(1)
-		return nil
-	}
-	end, why, err := s.scanSegment(seg, st.Size, newest)
 	if err != nil {
+		return nil, "", false, ioError("stat segment", s.path(name), err)
+	}
+	// Checked before the open: opening a device or a FIFO planted under
+	// the name could block or act on the device.
+	if why := ownRegular(&st); why != "" {
+		return nil, why, false, nil
+	}
+	fd, err := s.openSegment(name, unix.O_RDWR)
+	if err == unix.ELOOP {
+		return nil, "a symbolic link", false, nil
+	}
+	if err != nil {
+		return nil, "", false, ioError("open segment", s.path(name), err)
+	}
+	var fst unix.Stat_t
+	if err := unix.Fstat(fd, &fst); err != nil {
 		_ = unix.Close(fd)
-		return err
+		return nil, "", false, ioError("stat segment", s.path(name), err)
 	}
-	if end < st.Size {
-		s.st.tornTails.Add(1)
-		s.log.Warn("spill: a segment ends in a bad record (a write torn by a crash, or damage); the rest of it is dropped",
-			"segment", path, "at", end, "bytes", st.Size-end, "why", why)
-		if err := unix.Ftruncate(fd, end); err != nil {
-			s.log.Warn("spill: cannot cut a segment's bad tail; it stays unread", "segment", path, "err", err)
-		}
-	}
-	if end == 0 {
-		delete(s.byID, id)
+	if why := ownRegular(&fst); why != "" || fst.Ino != st.Ino || fst.Dev != st.Dev {
 		_ = unix.Close(fd)
-		_ = unix.Unlink(path)
-		return nil
+		return nil, "replaced while it was opened", false, nil
 	}
-	seg.size = end
-	s.segs = append(s.segs, seg)
-	s.used += end
-	return nil
+	chmodded = s.makePrivate(fd, &fst, name)
+	// Until the scan has read it, it counts whole; hinted keeps the writer
+	// from writing its hint file: the scan does.
+	return &segment{id: id, path: s.path(name), fd: fd, size: fst.Size, hinted: true, unscanned: true}, "", chmodded, nil
 }
 
-// scanSegment indexes seg's records and returns where its good records end,
-// with why the next one is bad. An error is the index's: out of memory.
-func (s *Store) scanSegment(seg *segment, size int64, verify bool) (int64, string, error) {
-	sc := s.getScratch(2 * block)
-	defer s.putScratch(sc)
-	win := *sc
-	off := int64(0)
-	for off < size {
-		// The header lies within two blocks of the block it starts in.
-		lo := roundDown(off, block)
-		n := min(int64(len(win)), roundUp(size, block)-lo)
-		if _, err := preadFull(seg.fd, win[:n], lo); err != nil && err != io.ErrUnexpectedEOF {
-			return off, err.Error(), nil
-		}
-		avail := min(n, size-lo) - (off - lo)
-		h, err := decodeHeader(win[off-lo : off-lo+min(avail, maxHeader)])
-		switch {
-		case err != nil:
-			return off, err.Error(), nil
-		case h.segment != seg.id:
-			return off, fmt.Sprintf("a record of segment %d", h.segment), nil
-		case off+h.recLen > size:
-			return off, fmt.Sprintf("a record of %d bytes past the end of the file", h.recLen), nil
-		case h.hdrLen == block && off%block != 0:
-			return off, "a direct record at an unaligned offset", nil
-		}
-		if verify && h.kind == kindObject {
-			if why := s.verifyData(seg, off, h); why != "" {
-				return off, why, nil
-			}
-		}
-		if h.kind != kindPad {
-			if err := s.applyHints(seg, []hint{{kind: h.kind, hdrLen: uint32(h.hdrLen), off: off, size: h.dataLen, format: h.format, hash: hashKey(h.key)}}); err != nil {
-				return off, "", err
-			}
-		}
-		off += h.recLen
+// checkHintFile reports whether the hint file name may be read: a regular
+// file of this user (made 0600 if it was not), and else why not.
+func (s *Store) checkHintFile(name string) (ok bool, why string, chmodded bool) {
+	st, err := s.statAt(name)
+	if err != nil {
+		return false, "", false
 	}
-	return off, "", nil
-}
-
-// applyHints indexes seg's records, in order, and keeps them as its hints.
-func (s *Store) applyHints(seg *segment, hs []hint) error {
-	for _, h := range hs {
-		switch h.kind {
-		case kindObject:
-			if err := s.indexLocked(seg, h.hash, entry{seg: seg.id, hdrLen: h.hdrLen, off: h.off, size: h.size, format: h.format}); err != nil {
-				return err
-			}
-		case kindTombstone:
-			s.unindexLocked(h.hash)
-			seg.tombs++
-			seg.tombBytes += tombLen(h)
-		}
-		seg.hints = append(seg.hints, h)
+	if why := ownRegular(&st); why != "" {
+		return false, why, false
 	}
-	return nil
-}
-
-// tombLen is the record length of the tombstone h: its header's, or, in a
-// hint file of a version that did not keep it, a sector (most keys' size).
-func tombLen(h hint) int64 {
-	if h.hdrLen == 0 {
-		return sector
+	if st.Mode&0o077 == 0 {
+		return true, "", false
 	}
-	return int64(h.hdrLen)
-}
-
-// verifyData checks the data checksum of the record h at off.
-func (s *Store) verifyData(seg *segment, off int64, h header) string {
-	lo := roundDown(off+h.hdrLen, block)
-	hi := roundUp(off+h.hdrLen+h.dataLen, block)
-	sc := s.getScratch(hi - lo)
-	defer s.putScratch(sc)
-	win := *sc
-	n, err := preadFull(seg.fd, win, lo)
-	if err != nil && err != io.ErrUnexpectedEOF {
-		return "data unreadable: " + err.Error()
+	fd, err := s.openAt(name, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false, "", false
 	}
-	if int64(n) < off+h.hdrLen+h.dataLen-lo {
-		return "the file ends inside the data"
+	defer unix.Close(fd)
+	if err := unix.Fstat(fd, &st); err != nil || ownRegular(&st) != "" {
+		return false, "", false
 	}
-	start := off + h.hdrLen - lo
-	if xxh3.Hash(win[start:start+h.dataLen]) != h.dataSum {
-		return "data checksum mismatch"
-	}
-	return ""
+	return true, "", s.makePrivate(fd, &st, name)
 }
 
 func isHex(name string) bool {

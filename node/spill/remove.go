@@ -29,6 +29,11 @@ func (s *Store) RemoveObject(ctx context.Context, key string) (bool, error) {
 // with its object removed, after a restart too. A put placed after the
 // remove's tombstone stores the key again.
 //
+// While the objects of an earlier run are being indexed (Ready not yet
+// closed), every key gets a tombstone, and one of theirs that the scan has not
+// reached yet counts as not found, but is removed all the same: the scan
+// leaves the key alone.
+//
 // Where a tombstone cannot be written (the device is full or failing, or ctx
 // ends first), the object is forgotten all the same, so that no read serves
 // it, and the error, which wraps ErrRemoveNotDurable and the cause, says it
@@ -54,8 +59,11 @@ func (s *Store) RemoveObjects(ctx context.Context, keys []string) ([]bool, error
 	w := &flushWait{}
 	var firstErr error
 	failed, removed := 0, 0
+	// While the scan of an earlier run's segments is on, a key that is not
+	// found may be in one not scanned yet: its tombstone must reach the
+	// disk all the same.
 	decide := func(_ entry, ok bool) tombAction {
-		if ok {
+		if ok || s.scanning {
 			return tombPlace
 		}
 		return tombSkip
@@ -129,7 +137,7 @@ func (s *Store) placeTombstone(ctx context.Context, key string, h [16]byte, orig
 		if err := s.usableLocked(ctx, "remove"); err != nil {
 			return placement{}, false, err
 		}
-		e, ok := s.idx.get(h)
+		e, ok := s.getLocked(h)
 		switch decide(e, ok) {
 		case tombSkip:
 			return placement{}, false, nil
@@ -159,6 +167,9 @@ func (s *Store) placeTombstone(ctx context.Context, key string, h [16]byte, orig
 		forgot := false
 		if forget && ok {
 			forgot = s.forgetLocked(h, e)
+		}
+		if forget {
+			s.shadowLocked(h)
 		}
 		p.seg.hints = append(p.seg.hints, hint{kind: kindTombstone, hdrLen: uint32(p.hdrLen), off: p.off, format: uint64(origin), hash: h})
 		p.seg.tombs++

@@ -4,8 +4,6 @@ import (
 	"fmt"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/stratakv/strata/internal/vecio"
 )
 
 // segment is one segment file.
@@ -36,6 +34,10 @@ type segment struct {
 	// could not be read, and it goes only with age; compactFailed: its last
 	// compaction stopped short, and it waits for more of it to die.
 	compacting, noCompact, compactFailed bool
+	// unscanned: an earlier run's segment whose records the scan has not
+	// indexed (yet): its live objects are not on its list, so compaction
+	// would delete them with it.
+	unscanned bool
 	// hints are its records in index order, for its hint file, until that is
 	// written; hinted says it was queued for that (or needs none).
 	hints  []hint
@@ -88,21 +90,21 @@ func dioAlignment(fd int, direct bool) (offset, mem int64) {
 	return offset, mem
 }
 
-// openSegment opens a segment file, with O_DIRECT while the spill uses it: a
-// filesystem that refuses it (EINVAL) turns it off, with one log line.
-func (s *Store) openSegment(path string, flags int) (int, error) {
-	flags |= unix.O_CLOEXEC
+// openSegment opens the segment file name (0600, never through a link),
+// with O_DIRECT while the spill uses it: a filesystem that refuses it
+// (EINVAL) turns it off, with one log line.
+func (s *Store) openSegment(name string, flags int) (int, error) {
 	if s.direct {
-		fd, err := vecio.Open(path, flags|unix.O_DIRECT, 0o644)
+		fd, err := s.openAt(name, flags|unix.O_DIRECT, privateFile)
 		if err != unix.EINVAL {
 			return fd, err
 		}
 		if flags&unix.O_CREAT != 0 {
-			_ = unix.Unlink(path) // created before the flag was refused; the name is ours
+			_ = s.unlinkAt(name) // created before the flag was refused; the name is ours
 		}
-		s.directRefused(path, err)
+		s.directRefused(s.path(name), err)
 	}
-	return vecio.Open(path, flags, 0o644)
+	return s.openAt(name, flags, privateFile)
 }
 
 // directRefused turns O_DIRECT off; s.mu is held or the store is being built.
@@ -117,9 +119,10 @@ func (s *Store) directRefused(path string, err error) {
 func (s *Store) rotateLocked() error {
 	s.sealLocked()
 	id := s.nextID
-	path := s.dir + "/" + segmentName(id)
-	_ = unix.Unlink(s.dir + "/" + hintName(id)) // a stale one must not describe the new segment
-	fd, err := s.openSegment(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL)
+	name := segmentName(id)
+	path := s.path(name)
+	_ = s.unlinkAt(hintName(id)) // a stale one must not describe the new segment
+	fd, err := s.openSegment(name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL)
 	if err != nil {
 		return ioError("create segment", path, err)
 	}

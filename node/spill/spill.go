@@ -5,19 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/stratakv/strata/internal/vecio"
 	"github.com/stratakv/strata/storage"
 )
 
 // Store is a spill directory of segment files. It is safe for concurrent use.
 type Store struct {
+	dirfd    int // the directory, which every file name is relative to (dir.go)
 	lock     int // the directory's lock file, held while open
 	cfg      Config
 	dir      string
@@ -81,12 +80,20 @@ type Store struct {
 	commitWaiters int
 	pendingPuts   int
 	compacting    *segment // the segment being compacted, nil when none
+	// firstNew is the first segment id of this run. While scanning, an
+	// earlier run's segments are being indexed (scan.go): their entries are
+	// hidden, and shadow holds the keys removed meanwhile.
+	firstNew uint32
+	scanning bool
+	shadow   map[[16]byte]struct{}
 
-	st counters
+	scan scanState
+	st   counters
 }
 
-// New opens (or creates) the spill in cfg.Dir, rebuilds its index from the
-// segment files there, and starts its writer.
+// New opens (or creates) the spill in cfg.Dir, a directory private to this
+// user, opens the segment files there and starts its writer; it returns once
+// their objects are indexed, or at once with Config.ScanInBackground.
 func New(cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -95,15 +102,17 @@ func New(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spill %s: %w: %w", cfg.Dir, err, storage.ErrConfig)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("spill: cannot create directory %s (%v); create it, or point --spill-dir at a directory this user can write: %w", dir, err, storage.ErrConfig)
-	}
-	lock, err := lockDir(dir)
+	dirfd, tightened, err := openDir(dir)
 	if err != nil {
 		return nil, err
 	}
+	if tightened != 0 {
+		cfg.Logger.Warn("spill: the directory was readable by the group or others and held only the spill's files; it is now private (mode 0700)",
+			"dir", dir, "was", fmt.Sprintf("%04o", tightened))
+	}
 	s := &Store{
-		lock:     lock,
+		dirfd:    dirfd,
+		lock:     -1,
 		cfg:      cfg,
 		dir:      dir,
 		log:      cfg.Logger,
@@ -112,17 +121,25 @@ func New(cfg Config) (*Store, error) {
 		byID:     map[uint32]*segment{},
 		nextID:   1,
 	}
-	s.dioAlign, s.dioMem = dioAlignment(lock, cfg.DirectIO)
-	s.cond = sync.NewCond(&s.mu)
-	if s.idx, err = newIndex(); err != nil {
-		_ = unix.Close(lock)
+	fixed, err := s.lockDir()
+	if err != nil {
+		_ = unix.Close(dirfd)
 		return nil, err
 	}
-	if err := s.recover(); err != nil {
+	s.dioAlign, s.dioMem = dioAlignment(s.lock, cfg.DirectIO)
+	s.cond = sync.NewCond(&s.mu)
+	fail := func(err error) (*Store, error) {
 		s.closeSegments()
 		s.idx.close()
-		_ = unix.Close(lock)
+		_ = unix.Close(s.lock)
+		_ = unix.Close(dirfd)
 		return nil, err
+	}
+	if s.idx, err = newIndex(); err != nil {
+		return fail(err)
+	}
+	if err := s.openSegments(fixed); err != nil {
+		return fail(err)
 	}
 	// Lowered for a small spill (or a small device), so that dropping the
 	// oldest segment frees an eighth of it, not all of it.
@@ -131,10 +148,7 @@ func New(cfg Config) (*Store, error) {
 	s.refreshLimitLocked()
 	mem, err := unix.Mmap(-1, 0, int(2*s.bufBytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		s.closeSegments()
-		s.idx.close()
-		_ = unix.Close(lock)
-		return nil, fmt.Errorf("spill %s: mapping two write buffers of %d bytes: %v: %w", dir, s.bufBytes, err, storage.ErrConfig)
+		return fail(fmt.Errorf("spill %s: mapping two write buffers of %d bytes: %v: %w", dir, s.bufBytes, err, storage.ErrConfig))
 	}
 	s.mapped = mem
 	for i := range s.bufs {
@@ -147,9 +161,14 @@ func New(cfg Config) (*Store, error) {
 	s.pacer.rate = cfg.CompactBytesPerSec
 	if cfg.CompactBelow > 0 {
 		s.compactKick = make(chan struct{}, 1)
+	}
+	s.startScan()
+	if cfg.CompactBelow > 0 {
 		s.compactor.Add(1)
 		go s.compactLoop()
-		s.compactKick <- struct{}{} // the segments found at start-up
+	}
+	if !cfg.ScanInBackground {
+		<-s.scan.ready
 	}
 	return s, nil
 }
@@ -166,6 +185,7 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.inflight.Wait()
+	s.stopScan()
 	s.stopCompaction()
 	lost := s.stopWriter(s.poisoned.Load())
 	s.writer.Wait()
@@ -177,6 +197,7 @@ func (s *Store) Close() error {
 		s.mapped = nil
 	}
 	_ = unix.Close(s.lock) // releases the directory
+	_ = unix.Close(s.dirfd)
 	if s.poisoned.Load() {
 		err = errors.Join(err, fmt.Errorf("spill %s: a call panicked (a bug: see the log); closed without writing the %d bytes still buffered, which are lost: %w",
 			s.dir, lost, storage.ErrIO))
@@ -224,31 +245,4 @@ func (s *Store) closeIndex() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.idx.close() // no call is in flight, and the writer is gone
-}
-
-// lockName is the file a spill holds locked (flock) while it is open.
-const lockName = "spill.lock"
-
-// lockDir locks dir for this spill: two spills appending to and dropping the
-// same segment files would destroy each other's objects.
-func lockDir(dir string) (int, error) {
-	path := dir + "/" + lockName
-	fd, err := vecio.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
-	if err != nil {
-		return -1, fmt.Errorf("spill: cannot create %s (%v); give this user write permission on the directory, or point --spill-dir at one it can write: %w", path, err, storage.ErrConfig)
-	}
-	for {
-		err = unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err != nil {
-		_ = unix.Close(fd)
-		if err == unix.EWOULDBLOCK {
-			return -1, fmt.Errorf("spill directory %s is in use by another process (another node service?); give each service its own --spill-dir: %w", dir, storage.ErrConfig)
-		}
-		return -1, fmt.Errorf("spill: cannot lock %s (%v): %w", path, err, storage.ErrConfig)
-	}
-	return fd, nil
 }

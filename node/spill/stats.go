@@ -2,6 +2,7 @@ package spill
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/stratakv/strata/storage"
 )
@@ -76,10 +77,22 @@ type Stats struct {
 	// staged that a failed buffer write took with it.
 	WriteErrors int64 `json:"writeErrors"`
 	LostObjects int64 `json:"lostObjects"`
-	// Recovered counts the objects found at start-up; TornTails, segments
-	// whose tail was a bad record then and was cut off.
+	// Recovered counts the objects of an earlier run held once they are
+	// indexed; TornTails, segments whose tail was a bad record then and was
+	// cut off.
 	Recovered int64 `json:"recovered"`
 	TornTails int64 `json:"tornTails"`
+	// Ready is false while the segments an earlier run left are being
+	// indexed (Config.ScanInBackground): their objects are misses until then.
+	// ScannedBytes of ScanBytes are read; ScanTook is how long it took, once
+	// Ready.
+	Ready        bool          `json:"ready"`
+	ScanBytes    int64         `json:"scanBytes"`
+	ScannedBytes int64         `json:"scannedBytes"`
+	ScanTook     time.Duration `json:"scanTook,omitempty"`
+	// RefusedFiles counts files under a segment's or hint file's name that
+	// were not regular files of the service's user at start-up: never read.
+	RefusedFiles int64 `json:"refusedFiles"`
 	// HintsRead counts the segments New indexed from their hint files
 	// instead of reading them; HintsWritten, the hint files written.
 	HintsRead    int64 `json:"hintsRead"`
@@ -96,7 +109,7 @@ type counters struct {
 	skipped, conflicts, removed, corrupt       atomic.Int64
 	evictions, segmentsDropped, noSpaceRetries atomic.Int64
 	writeErrors, lost, recovered, tornTails    atomic.Int64
-	hintsRead, hintsWritten                    atomic.Int64
+	hintsRead, hintsWritten, refused           atomic.Int64
 	corruptDropped, removesNotDurable          atomic.Int64
 	compactions, compacted, compactCopied      atomic.Int64
 	faults                                     storage.FaultCounts
@@ -116,6 +129,9 @@ func (s *Store) Stats() Stats {
 	st.CorruptDropped, st.RemovesNotDurable = c.corruptDropped.Load(), c.removesNotDurable.Load()
 	st.Compactions, st.CompactedBytes, st.CompactCopiedBytes = c.compactions.Load(), c.compacted.Load(), c.compactCopied.Load()
 	st.Faults = c.faults.All()
+	st.Ready, st.ScannedBytes, st.ScanBytes = s.ScanProgress()
+	st.ScanTook = time.Duration(s.scan.took.Load())
+	st.RefusedFiles = c.refused.Load()
 	return st
 }
 
