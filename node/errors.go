@@ -12,6 +12,15 @@ var ErrClosed = errors.New("node service closed")
 // for as long as it could wait.
 var errMemoryBusy = errors.New("request memory budget full")
 
+// errHelloFirst reports a frame other than Hello from a connection that has
+// not said Hello yet: its body is dropped unread into memory.
+var errHelloFirst = errors.New("send Hello first")
+
+// errFrameTooLarge reports a frame that is not a request (a Hello, a Ping, a
+// registration) declaring a body longer than such a message takes: the
+// service drops it rather than read it into memory it does not budget.
+var errFrameTooLarge = errors.New("frame longer than its message takes")
+
 // ErrShutdown reports a Close that ended with requests still running (stuck
 // past the shutdown and request timeouts).
 var ErrShutdown = errors.New("node service shut down with requests still running")

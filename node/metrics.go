@@ -62,6 +62,8 @@ func newCollector(s *Server) *collector {
 	d("connections_total", "Connections that were not served to their end, by why: rejected (client limits), timed_out (hello, frame or idle timeout), accept_error (failed accepts, retried).", "result")
 	d("request_memory_bytes", "Request memory held by requests in flight.")
 	d("request_memory_limit_bytes", "The request memory budget (--request-memory).")
+	d("request_memory_held_back_total", "Requests that waited for request memory because their user held more than its share while another user wanted some.")
+	d("request_memory_from_reserve_total", "Requests admitted from the reserve kept for users that hold little, the budget being full.")
 	// The write-through to Redis, exported only by a service that has one.
 	d("remote_connected", "1 once the service has reached its Redis, else 0.")
 	d("remote_queued_bytes", "Object bytes waiting to be written through to Redis.")
@@ -168,6 +170,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	n("errors_total", o.MemoryBusy, "memory_busy")
 	g("request_memory_bytes", float64(st.RequestMemory.UsedBytes))
 	g("request_memory_limit_bytes", float64(st.RequestMemory.LimitBytes))
+	n("request_memory_held_back_total", st.RequestMemory.HeldBack)
+	n("request_memory_from_reserve_total", st.RequestMemory.FromReserve)
 	if r := st.Remote; r != nil {
 		connected := 0.0
 		if r.Connected {

@@ -114,11 +114,23 @@ func (c *session) serve() {
 		cost := c.held
 		c.held = 0
 		if err != nil {
-			c.srv.mem.release(cost)
+			c.srv.mem.release(c.uid, cost)
 			var me *wire.MessageError
 			if errors.As(err, &me) && errors.Is(me.Err, errMemoryBusy) {
 				c.srv.st.memoryBusy.Add(1)
 				c.reply(me.Header.ID, wire.TypeError, wire.Error{Code: wire.Busy, Message: wire.ClipMessage(me.Err.Error())})
+				continue
+			}
+			if errors.As(err, &me) && errors.Is(me.Err, errHelloFirst) {
+				c.reply(me.Header.ID, wire.TypeError, wire.Error{Code: wire.Internal, Message: "send Hello first"})
+				continue
+			}
+			if errors.As(err, &me) && errors.Is(me.Err, errFrameTooLarge) {
+				c.srv.st.malformed.Add(1)
+				c.reply(me.Header.ID, wire.TypeError, wire.Error{Code: wire.Internal, Message: wire.ClipMessage("malformed request: " + me.Err.Error())})
+				if !c.hello.Load() {
+					return
+				}
 				continue
 			}
 			if errors.As(err, &me) {
@@ -140,11 +152,11 @@ func (c *session) serve() {
 		switch msg.(type) {
 		case *wire.Exists, *wire.Put, *wire.Get, *wire.Remove:
 		default:
-			c.srv.mem.release(cost) // nothing, unless a bug gated another type
+			c.srv.mem.release(c.uid, cost) // nothing, unless a bug gated another type
 			cost = 0
 		}
 		if _, ok := msg.(*wire.Hello); !ok && !c.hello.Load() {
-			c.srv.mem.release(cost)
+			c.srv.mem.release(c.uid, cost)
 			closeFDs(fds)
 			c.reply(h.ID, wire.TypeError, wire.Error{Code: wire.Internal, Message: "send Hello first"})
 			continue
@@ -166,18 +178,18 @@ func (c *session) serve() {
 			c.reply(h.ID, wire.TypeStatsReply, wire.StatsReply{JSON: doc})
 		case *wire.Exists, *wire.Put, *wire.Get, *wire.Remove:
 			if e, ok := m.(*wire.Exists); ok && c.existsInArena(h.ID, e) {
-				c.srv.mem.release(cost)
+				c.srv.mem.release(c.uid, cost)
 				continue
 			}
 			if g, ok := m.(*wire.Get); ok && c.getInArena(h.ID, g) {
-				c.srv.mem.release(cost)
+				c.srv.mem.release(c.uid, cost)
 				continue
 			}
 			sem <- struct{}{}
 			wg.Add(1)
 			c.inflight.Add(1)
 			go func() {
-				defer func() { c.inflight.Add(-1); c.srv.mem.release(cost); <-sem; wg.Done() }()
+				defer func() { c.inflight.Add(-1); c.srv.mem.release(c.uid, cost); <-sem; wg.Done() }()
 				if hk := c.srv.cfg.hooks; hk != nil && hk.admitted != nil {
 					hk.admitted(h.Type)
 				}
@@ -190,29 +202,73 @@ func (c *session) serve() {
 	}
 }
 
-// admitFrame is the connection's gate (wire.Conn.SetGate): before the body of
-// a Put, Get, Exists or Remove is read, it takes the request's memory from the
-// node's budget, waiting up to RequestTimeout while other requests hold it, and
-// fails with errMemoryBusy past that (the client is answered busy). It waits on
-// the connection's read goroutine, so the client's next frames wait in the
-// socket rather than in the service's memory.
+// maxHelloBody is the longest Hello body the service reads: a Hello is a
+// version, a name of at most wire.MaxName bytes and a pid, some 300 bytes.
+// maxControlBody is the longest body of the other frames that are not
+// requests (RegisterSegment, UnregisterSegment, Ping, Stats), which take no
+// more than a name either. Neither is charged to the request budget, so their
+// reads are bounded instead: else every connection could make the service
+// read a 16 MiB body into memory of its own.
+const (
+	maxHelloBody   = 4 << 10
+	maxControlBody = 64 << 10
+)
+
+// overShareLine is logged, once a minute per user at most, when a user holds
+// more than its share of the request memory while another wants some.
+const overShareLine = "a user holds more than its share of the request memory; its requests wait while other users' go first " +
+	"(if every user's load is legitimate, raise --request-memory)"
+
+// admitFrame is the connection's gate (wire.Conn.SetGate). Before Hello it
+// admits only a Hello of at most maxHelloBody and charges nothing: a
+// connection that has not introduced itself may not hold request memory,
+// since its frames would only be refused (the others' bodies are dropped
+// without being kept). After it, before the body of a Put, Get, Exists or
+// Remove is read, it takes the request's memory from the node's budget under
+// the user's share (budget.go), waiting up to RequestTimeout while other
+// requests hold it, and fails with errMemoryBusy past that (the client is
+// answered busy). It waits on the connection's read goroutine, so the
+// client's next frames wait in the socket rather than in the service's memory.
 func (c *session) admitFrame(_ context.Context, h wire.Header) error {
+	if !c.hello.Load() {
+		switch {
+		case h.Type != wire.TypeHello:
+			return errHelloFirst
+		case h.Len > maxHelloBody:
+			return fmt.Errorf("a Hello of %d bytes; a Hello takes at most %d: %w", h.Len, maxHelloBody, errFrameTooLarge)
+		}
+		return nil
+	}
 	switch h.Type {
 	case wire.TypeExists, wire.TypePut, wire.TypeGet, wire.TypeRemove:
 	default:
+		if h.Len > maxControlBody {
+			return fmt.Errorf("a %v of %d bytes; the service reads at most %d of one that is not a Put, Get, Exists or Remove: %w",
+				h.Type, h.Len, maxControlBody, errFrameTooLarge)
+		}
 		return nil
 	}
 	cost := requestCost(h)
 	ctx, cancel := context.WithTimeout(context.Background(), c.srv.cfg.RequestTimeout)
 	defer cancel()
-	if err := c.srv.mem.acquire(ctx, c.srv.done, cost); err != nil {
+	err := c.srv.mem.acquire(ctx, c.srv.done, c.uid, cost, c.srv.logOverShare)
+	if err != nil {
 		c.srv.logs.warn("request memory budget full; answered busy (raise --request-memory, or send smaller batches)",
-			"client", c.id, "name", c.name, "limit", c.srv.cfg.RequestMemoryBytes)
-		return fmt.Errorf("the node service's request memory (%d bytes) stayed full for %v: retry later; the operator can raise --request-memory: %w",
+			"client", c.id, "name", c.name, "uid", c.uid, "limit", c.srv.cfg.RequestMemoryBytes)
+		return fmt.Errorf("the node service's request memory (%d bytes) had no room for this request within this user's share for %v: retry later; the operator can raise --request-memory: %w",
 			c.srv.cfg.RequestMemoryBytes, c.srv.cfg.RequestTimeout, errMemoryBusy)
 	}
 	c.held = cost
 	return nil
+}
+
+// logOverShare logs the line of a user over its share of the request memory.
+func (s *Server) logOverShare(n overShare) {
+	args := []any{"uid", n.uid, "held", n.held, "share", n.share, "users", n.users, "limit", s.cfg.RequestMemoryBytes}
+	if n.suppressed > 0 {
+		args = append(args, "suppressed", n.suppressed)
+	}
+	s.log.Warn(overShareLine, args...)
 }
 
 func closeFDs(fds []int) {

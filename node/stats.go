@@ -92,7 +92,7 @@ type OpStats struct {
 	// connections refused for --max-clients or --max-clients-per-uid;
 	// TimedOut, clients disconnected by the hello, frame or idle timeout;
 	// MemoryBusy, requests answered busy because the request memory budget
-	// stayed full.
+	// (or their user's share of it, see RequestMemoryStats) stayed full.
 	AcceptErrors int64   `json:"acceptErrors"`
 	Rejected     int64   `json:"rejectedConnections"`
 	TimedOut     int64   `json:"timedOut"`
