@@ -122,7 +122,7 @@ func newServeSettings() *serveSettings {
 	duration("shutdown-timeout", "on SIGTERM, time requests in flight get to finish before they are failed, e.g. 10s", &c.ShutdownTimeout)
 	frac("high-watermark", "arena fill that starts eviction", &c.HighWatermark)
 	frac("low-watermark", "arena fill eviction stops at", &c.LowWatermark)
-	str("spill-dir", "SSD directory for evicted objects, created if missing and checked writable at start (empty: drop them)", &c.SpillDir)
+	str("spill-dir", "SSD directory for evicted objects, created 0700 if missing; it must be the service user's own and closed to others (checked at start) (empty: drop them)", &c.SpillDir)
 	size("spill-capacity", "spill directory size bound, e.g. 500GiB; past it (or the device's free space) the oldest segment file goes", &c.SpillBytes)
 	size("spill-segment", "size of the spill's append-only segment files, the unit dropped when full (a spill under eight segments uses an eighth of its capacity)", &c.SpillSegmentBytes)
 	frac("spill-compact-below", "a spill segment less live than this is compacted (its live objects copied forward, its file deleted) so removed objects' space comes back; 0 is off, at most 0.9", &c.SpillCompactBelow)
@@ -163,7 +163,7 @@ func newServeSettings() *serveSettings {
 	duration("frame-timeout", "time a started frame has to arrive whole, e.g. 10s", &c.FrameTimeout)
 	duration("idle-timeout", "disconnect a client silent this long with no request in flight, e.g. 10m (0: never)", &c.IdleTimeout)
 	size("request-memory", "node-wide budget for the memory of requests in flight, e.g. 256MiB", &c.RequestMemoryBytes)
-	str("admin-stats", "what the admin port's /stats serves: full, counts (no client names, pids, uids or segments) or off", &c.AdminStats)
+	str("admin-stats", "what the admin port's /stats serves: full (every client to the service's user and root, its own tenant to any other user), counts (no client names, pids, uids or segments) or off", &c.AdminStats)
 	integer("copy-workers", "goroutines that copy one batch's objects", &c.CopyWorkers)
 	duration("request-timeout", "bound on one request, e.g. 30s", &c.RequestTimeout)
 	add("log-level", "debug, info, warn or error", kindLevel, func(v string) error { return s.level.UnmarshalText([]byte(v)) },
