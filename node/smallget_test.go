@@ -35,13 +35,19 @@ func TestSmallGetsAnswerAsItemByItem(t *testing.T) {
 			t.Fatalf("put o%d: %+v", i, res[0])
 		}
 	}
-	for i := range 24 {
+	// Which objects a Reserve's region eviction frees first depends on where
+	// the background eviction has got to, so put big ones until o0 has gone,
+	// within a bound.
+	for i := 0; i < 24 || s.arena.Contains("o0", 7); i++ {
+		if i == 400 {
+			t.Fatalf("o0 was not spilled after %d puts of 64 KiB: %+v", i, s.Stats().Arena)
+		}
 		if res := c.batch(wire.TypePut, item(fmt.Sprintf("big%d", i), seg, 1<<20, 64<<10)); res[0].Status != wire.OK {
 			t.Fatalf("put big%d: %+v", i, res[0])
 		}
 	}
-	if st := s.Stats(); st.Arena.Spilled == 0 || s.arena.Contains("o0", 7) {
-		t.Fatalf("o0 was not spilled: %+v", st.Arena)
+	if st := s.Stats(); st.Arena.Spilled == 0 {
+		t.Fatalf("nothing was spilled: %+v", st.Arena)
 	}
 	for i := 4; i < 12; i++ {
 		fill(i*size, i)

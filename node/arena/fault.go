@@ -128,13 +128,21 @@ func (a *Arena) brokenErrLocked() error {
 // breakArena breaks the arena (the package comment on faults), once. It takes
 // the arena's lock: the caller holds none.
 func (a *Arena) breakArena(why string) {
-	if a.brk.file == nil || !a.brk.flag.CompareAndSwap(false, true) {
+	if a.brk.file == nil {
 		return
 	}
+	// The flag flips under the lock with the reason set, so that no Err or
+	// Stats in between says "its memory faulted" for what was a truncation.
+	a.mu.Lock()
+	if !a.brk.flag.CompareAndSwap(false, true) {
+		a.mu.Unlock()
+		return
+	}
+	a.brk.why, a.brk.at = why, time.Now()
+	a.mu.Unlock()
 	err := a.brk.file.replace()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.brk.why, a.brk.at = why, time.Now()
 	// Wake everyone who waits for something that will not happen now: writers
 	// of a key (Await), removals waiting for recovery, Reserves waiting for
 	// the warm-up or an eviction.
