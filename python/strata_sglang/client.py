@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Dict, List, Optional, Tuple
 
 from . import wire
@@ -283,11 +284,14 @@ class Client(_Registrar):
 
     def _unregistered(self, conn: Connection) -> List[Segment]:
         with self._lock:
-            return [
-                s
-                for s in self._segments.values()
-                if not s.removed and not s.on(conn) and not (s.conn is conn and s.refused)
-            ]
+            return self._unregistered_locked(conn)
+
+    def _unregistered_locked(self, conn: Connection) -> List[Segment]:
+        return [
+            s
+            for s in self._segments.values()
+            if not s.removed and not s.on(conn) and not (s.conn is conn and s.refused)
+        ]
 
     def _lost(self, conn: Connection):
         with self._lock:
@@ -345,8 +349,22 @@ class Client(_Registrar):
         logger.warning("strata: the node service at %s answers again; L3 is back", self.socket_path)
 
     def wait_connected(self, timeout: float) -> bool:
-        """Wait until connected with every segment registered; False on timeout."""
-        return self._up.wait(timeout)
+        """Wait until connected with every segment registered (or refused, which
+        is final); False on timeout. A registration that timed out is retried
+        in the background while the connection is up: this waits for that too."""
+        deadline = time.monotonic() + timeout
+        if not self._up.wait(timeout):
+            return False
+        with self._cond:
+            while True:
+                conn = self._conn
+                if conn is not None and not conn.closed and not self._unregistered_locked(conn):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    return False
+                # Registrations notify; the bound covers a connection lost meanwhile.
+                self._cond.wait(min(left, 0.05))
 
     @property
     def connected(self) -> bool:

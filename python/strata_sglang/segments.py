@@ -96,6 +96,7 @@ class _Registrar:
             with self._lock:
                 s.seg_id, s.conn, s.refused = r.segment_id, conn, ""
                 retried, s.failing = s.failing, ""
+                self._cond.notify_all()  # wait_connected
         if retried:
             logger.warning(
                 "strata: host memory segment %r is registered with the node service now (it failed before: %s); "
@@ -123,6 +124,7 @@ class _Registrar:
     def _refused(self, s: Segment, conn: Connection, why: str):
         with self._lock:
             s.seg_id, s.conn, s.refused, s.failing = 0, conn, why, ""
+            self._cond.notify_all()  # wait_connected
             warn = not s.warned
             s.warned = True
         if warn:

@@ -308,6 +308,37 @@ def test_a_first_hello_that_times_out_is_logged_as_what_it_was(path, fake, clien
     assert len(up) == 1 and "1 failed attempt" in up[0] and "L3 is on" in up[0], msgs
 
 
+def test_wait_connected_waits_for_a_registration_retried_in_the_background(path, fake, clients):
+    """A registration that timed out (a busy service) is retried while the
+    connection stays up; wait_connected returns only once it took, so a call
+    made right after it finds the segment registered."""
+    first, release = threading.Event(), threading.Event()
+
+    def handler(i, p):
+        assert p.hello()
+        if i == 0:
+            h, _ = p.recv()
+            assert h.type == wire.REGISTER_SEGMENT
+            first.set()
+            release.wait(10)  # never answered: the client's call times out
+        p.serve(first_segment=7)
+
+    fake(handler)
+    c = clients(path, timeout=0.3)
+    assert c.wait_connected(10)
+    fd = memfd()
+    try:
+        s = c.add_segment(fd, "a")
+        assert first.is_set() and not s.on(c.snapshot())
+        assert not c.wait_connected(0.2), "wait_connected returned with a segment being retried"
+        release.set()
+        assert c.wait_connected(10)
+        _, ids = c.resolve([s])
+        assert ids == [7] or ids[0] >= 7
+    finally:
+        os.close(fd)
+
+
 def test_a_segment_is_unregistered_and_closed_on_remove(path, fake, clients):
     got = []
 
