@@ -28,7 +28,9 @@ func newCollector(s *Server) *collector {
 	d("arena_evictions_total", "Objects evicted from the arena, by where they went.", "to")
 	d("ready", "1 once the service is done starting (the arena warmed up and its file's objects recovered), 0 while it starts.")
 	d("arena_ready_bytes", "Arena memory populated and given to objects so far.")
-	d("arena_recovered_objects", "Objects this start recovered from the arena file, by outcome: recovered, lost (damaged, dropped).", "result")
+	d("arena_recovered_objects", "Objects this start recovered from the arena file, by outcome: recovered, lost (damaged, dropped), unsealed (put just before a kill, dropped).", "result")
+	d("arena_unsealed_objects", "Large objects committed to the arena file and not sealed yet: what a kill now would drop.")
+	d("arena_sealed_bytes_total", "Bytes of large objects sealed (hashed for a restart to check).")
 	d("restarts", "Services started on the arena file before this one (kept in the file).")
 	d("spill_bytes", "Bytes in the spill directory.")
 	// The spill's segment files, exported only by a service that has a spill.
@@ -111,6 +113,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	g("arena_ready_bytes", float64(st.Arena.ReadyBytes))
 	g("arena_recovered_objects", float64(st.Start.Recovered), "recovered")
 	g("arena_recovered_objects", float64(st.Start.Lost), "lost")
+	g("arena_recovered_objects", float64(st.Start.Unsealed), "unsealed")
+	g("arena_unsealed_objects", float64(st.Arena.Unsealed))
+	n("arena_sealed_bytes_total", st.Arena.SealedBytes)
 	g("restarts", float64(st.Start.Restarts))
 	var spill int64
 	if st.Spill != nil {

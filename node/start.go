@@ -61,6 +61,10 @@ type StartStats struct {
 	Recovered      int64 `json:"recovered"`
 	Lost           int64 `json:"lost"`
 	DroppedAtStart int64 `json:"droppedAtStart,omitempty"`
+	// Unsealed counts the large objects the service before committed and
+	// was killed before it sealed: a restart cannot tell their bytes from
+	// damage, so it drops them (node/arena's seal.go; a SIGTERM seals all).
+	Unsealed int64 `json:"unsealed"`
 	// LostEvicted counts objects the service before evicted to the spill just
 	// before it was killed that are in neither tier now: the spill still held
 	// them in its write buffers, which die with the process (a SIGTERM writes
@@ -91,7 +95,7 @@ func newInstanceID() uint64 {
 func (s *Server) startStats(a arena.Stats) StartStats {
 	r := a.Recovery
 	st := StartStats{InstanceID: s.instanceID, ContentID: r.ContentID, Warm: r.Warm, ColdReason: r.Cold, ArenaFile: r.File,
-		PreviousClean: r.PreviousClean, Recovered: r.Recovered, Lost: r.Lost, DroppedAtStart: r.DroppedAtStart,
+		PreviousClean: r.PreviousClean, Recovered: r.Recovered, Lost: r.Lost, DroppedAtStart: r.DroppedAtStart, Unsealed: r.Unsealed,
 		ListeningAfter: s.listeningAfter, LostEvicted: s.lostEvicted.Load(), EvictionsChecked: s.evictionsChecked.Load()}
 	if r.Starts > 0 && r.File != "" {
 		st.Restarts = r.Starts - 1
@@ -148,7 +152,7 @@ func (s *Server) watchReady() {
 	s.startChecked.Store(true)
 	st := s.arena.Stats()
 	s.log.Info("node service ready", "after", d.Round(time.Millisecond), "listeningAfter", s.listeningAfter.Round(time.Microsecond),
-		"warm", st.Recovery.Warm, "objects", st.Objects, "recovered", st.Recovery.Recovered, "lost", st.Recovery.Lost,
+		"warm", st.Recovery.Warm, "objects", st.Objects, "recovered", st.Recovery.Recovered, "lost", st.Recovery.Lost, "unsealed", st.Recovery.Unsealed,
 		"arenaWarmup", st.WarmupTook.Round(time.Millisecond))
 }
 
@@ -157,7 +161,7 @@ func (s *Server) watchReady() {
 // and the spill: one in neither was lost with the spill's write buffers when
 // that service was killed. They are counted (Stats().Start.LostEvicted) and
 // logged, so that every object a client was told is stored is either served
-// or reported lost.
+// or reported lost, once.
 func (s *Server) checkEvictions() {
 	recent := s.arena.RecentEvictions()
 	if len(recent) == 0 {
@@ -183,6 +187,9 @@ func (s *Server) checkEvictions() {
 	}
 	s.evictionsChecked.Store(int64(len(recent)))
 	s.lostEvicted.Store(lost)
+	// Settled: the next start reports neither these losses again nor, as
+	// lost by a kill, one found now that the spill drops later.
+	s.arena.ForgetEvictions(recent)
 	if lost > 0 {
 		s.log.Warn("objects evicted to the spill just before the service before was killed are gone: they were still in the spill's write buffers",
 			"lost", lost, "evictionsChecked", len(recent), "keys", sample, "fix", "stop the service with SIGTERM, which writes the buffers out")

@@ -151,6 +151,9 @@ func formatStart(s node.StartStats) string {
 			clean = "shut down cleanly"
 		}
 		fmt.Fprintf(&b, "; restart %d on arena file %s (the service before %s): %d objects recovered, %d lost", s.Restarts, s.ArenaFile, clean, s.Recovered, s.Lost)
+		if s.Unsealed > 0 {
+			fmt.Fprintf(&b, ", %d put just before the kill and dropped unsealed", s.Unsealed)
+		}
 		if s.LostEvicted > 0 {
 			fmt.Fprintf(&b, ", %d evicted to the spill and lost with its write buffers", s.LostEvicted)
 		}

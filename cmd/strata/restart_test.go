@@ -508,17 +508,25 @@ func TestServeKilledDuringPutsComesBackWarm(t *testing.T) {
 	s = startServeOn(t, socket, args...)
 	st := waitReady(t, socket)
 	acked := totalAcked(cs)
-	if !st.Start.Warm || st.Start.PreviousClean || st.Start.Restarts != 1 || st.Start.Lost != 0 || st.Start.Recovered < int64(acked) ||
-		st.Start.ContentID != first.Start.ContentID {
+	// Objects committed in the moments before the kill that the arena had
+	// not sealed yet are dropped, counted and logged (node/arena's seal.go):
+	// every other acknowledged object is served.
+	if !st.Start.Warm || st.Start.PreviousClean || st.Start.Restarts != 1 || st.Start.Lost != 0 ||
+		st.Start.Recovered+st.Start.Unsealed < int64(acked) || st.Start.ContentID != first.Start.ContentID {
 		t.Fatalf("after a SIGKILL: %+v, %d objects acknowledged", st.Start, acked)
 	}
+	if st.Start.Unsealed > 0 && !strings.Contains(s.log.String(), "not sealed yet") {
+		t.Errorf("%d unsealed objects dropped and not logged:\n%s", st.Start.Unsealed, s.log.String())
+	}
+	missing := 0
 	for _, c := range cs {
-		if missing := c.verify(t); missing > 0 {
-			t.Errorf("%s: %d acknowledged objects are not served after the restart", c.name, missing)
-		}
+		missing += c.verify(t)
 		if c.hello == nil || c.hello.ContentID != first.Start.ContentID || !c.hello.Warm {
 			t.Errorf("%s: HelloReply after the restart %+v: want the same content id, warm", c.name, c.hello)
 		}
+	}
+	if int64(missing) > st.Start.Unsealed {
+		t.Errorf("%d acknowledged objects are not served after the restart; %d reported unsealed", missing, st.Start.Unsealed)
 	}
 	t.Logf("%d acknowledged objects back after SIGKILL; start: %+v", acked, st.Start)
 	if !strings.Contains(s.log.String(), "arena recovered") {
@@ -565,8 +573,9 @@ func TestServeKilledDuringEvictionToTheSpill(t *testing.T) {
 	for _, c := range cs {
 		missing += c.verify(t)
 	}
-	if int64(missing) > st.Start.LostEvicted {
-		t.Errorf("%d acknowledged objects are in neither tier after the restart; the service reported %d lost", missing, st.Start.LostEvicted)
+	if int64(missing) > st.Start.LostEvicted+st.Start.Unsealed {
+		t.Errorf("%d acknowledged objects are in neither tier after the restart; the service reported %d lost and %d unsealed",
+			missing, st.Start.LostEvicted, st.Start.Unsealed)
 	}
 	if st.Start.LostEvicted > 0 && !strings.Contains(s.log.String(), "still in the spill's write buffers") {
 		t.Errorf("%d objects lost and not logged:\n%s", st.Start.LostEvicted, s.log.String())
@@ -767,7 +776,7 @@ func TestServeRollingRestart(t *testing.T) {
 		if !st.Start.Warm || st.Start.Restarts != uint64(i+1) {
 			t.Fatalf("restart %d (%v): %+v", i+1, sig, st.Start)
 		}
-		lost += st.Start.Lost + st.Start.LostEvicted
+		lost += st.Start.Lost + st.Start.LostEvicted + st.Start.Unsealed
 	}
 	waitAcked(t, cs, 60)
 	stop()
@@ -797,6 +806,8 @@ func TestInspectTextShowsTheStart(t *testing.T) {
 			[]string{"ready after 412ms", "restart 3 on arena file /run/strata/strata.arena (the service before killed or crashed): 12345 objects recovered, 2 lost"}},
 		{node.StartStats{State: node.StateReady, Warm: true, PreviousClean: true, ArenaFile: "f", LostEvicted: 4},
 			[]string{"shut down cleanly", "4 evicted to the spill and lost with its write buffers"}},
+		{node.StartStats{State: node.StateReady, Warm: true, ArenaFile: "f", Unsealed: 3},
+			[]string{"killed or crashed", "3 put just before the kill and dropped unsealed"}},
 		{node.StartStats{State: node.StateReady, ArenaFile: "f", ColdReason: "it holds an arena of 32.0 MiB", DroppedAtStart: 9},
 			[]string{"arena file f started empty: it holds an arena of 32.0 MiB (9 objects dropped)"}},
 	} {

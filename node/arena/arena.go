@@ -93,6 +93,7 @@ type Arena struct {
 	warm warmup   // warm.go
 	rcv  recovery // recover.go
 	elog evictLog // evictlog.go
+	seal sealer   // seal.go
 	// ready is closed once the arena is done starting: warmed up and
 	// recovered (or closed first).
 	ready      chan struct{}
@@ -244,6 +245,7 @@ func New(cfg Config) (_ *Arena, err error) {
 		epoch:  b.sb.epoch,
 		ready:  make(chan struct{}),
 	}
+	a.seal = sealer{on: b.fd >= 0 && !cfg.noSeal, wake: make(chan struct{}, sealWorkers())}
 	if b.fd >= 0 {
 		a.brk.file = b
 		a.brk.lo = uintptr(unsafe.Pointer(unsafe.SliceData(b.mapping)))
@@ -275,6 +277,12 @@ func New(cfg Config) (_ *Arena, err error) {
 	}
 	a.done.Add(1)
 	go a.background()
+	if a.seal.on {
+		for range cap(a.seal.wake) {
+			a.done.Add(1)
+			go a.sealLoop()
+		}
+	}
 	if a.rcv.active {
 		a.done.Add(1)
 		go a.recoverObjects()

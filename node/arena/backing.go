@@ -142,6 +142,14 @@ func (b *backing) unitsOf(unit int64) (exts []umExtent, bad int64) {
 			continue
 		}
 		exts = append(exts, umExtent{u: u, n: n, class: class})
+		// A healthy map is zero inside an extent; what damage left there
+		// would outlive the extent's free (which clears its first word).
+		for v := u + 1; v < u+n; v++ {
+			if um[v] != 0 {
+				um[v] = 0
+				bad++
+			}
+		}
 		u += n
 	}
 	return exts, bad

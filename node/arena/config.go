@@ -94,6 +94,12 @@ type Config struct {
 	recoverStep func(n int)
 	// populate, when set (tests), replaces populating a range.
 	populate func(off, n int64) error
+	// noSeal (benchmarks) seals nothing: what sealing costs a put, compared.
+	noSeal bool
+	// sealHashed, when set (tests), runs on the sealer after it hashed a
+	// batch and before it stores the seals, without the arena's lock:
+	// blocking it holds the sealer mid-way.
+	sealHashed func()
 	// noWatch (tests) starts no watcher of the arena file (fault.go): a
 	// truncation is found by its faults alone.
 	noWatch bool

@@ -35,14 +35,16 @@ import (
 // slot whose check does not match is not an object: a write in flight at a
 // kill left it 0, and random bytes, a slot copied elsewhere or one of another
 // arena file do not match. The bytes of a large object (at least the
-// alignment) are not checksummed: hashing them (xxh3, the fastest hash this
-// project has) runs at about memcpy speed here and would halve put
-// throughput. They are as safe as the running process's memory: a file
-// damaged where a large object's bytes lie serves those bytes as they are.
+// alignment) are not in the check word: hashing them in Commit (xxh3, the
+// fastest hash this project has, runs at about memcpy speed here) would
+// halve put throughput. They have a seal of their own instead, in the
+// descriptor: a hash keyed by the secret and the extent's place, computed
+// after Commit by the sealer (seal.go) and checked by a restart before the
+// object is served or evicted to the spill.
 
 // layoutVersion is the version of the layout above; a file of another
 // version is not reused.
-const layoutVersion = 1
+const layoutVersion = 2
 
 // trailerBytes is the size of a slot's trailer:
 //
@@ -57,8 +59,13 @@ const layoutVersion = 1
 const trailerBytes = 32
 
 // descBytes is what a large object's descriptor slot holds beside its key:
-// the extent's byte offset and the object's size, then the trailer.
-const descBytes = 16 + trailerBytes
+// the seal of its bytes (0 until sealed; outside the check word, so that
+// sealing is one store), the extent's byte offset and the object's size, then
+// the trailer.
+const descBytes = 24 + trailerBytes
+
+// descAt is where the descriptor's offset and size begin, past the seal.
+const descAt = descBytes - 8
 
 const (
 	kindSmall = 1
@@ -146,7 +153,7 @@ func (a *Arena) checkOf(slot, end int64) uint32 {
 	keyLen := int64(binary.LittleEndian.Uint16(a.mem[t+18:]))
 	body, tail := a.mem[slot:slot+keyLen], a.mem[t:t+24]
 	if a.mem[t+20] == kindLarge {
-		tail = a.mem[end-descBytes : t+24]
+		tail = a.mem[end-descAt : t+24]
 	} else {
 		body = a.mem[slot : slot+int64(binary.LittleEndian.Uint16(a.mem[t+16:]))+keyLen]
 	}
@@ -161,14 +168,32 @@ func (a *Arena) checkOf(slot, end int64) uint32 {
 // descriptor reads a large object's descriptor: where its bytes lie and how
 // many there are.
 func (a *Arena) descriptor(end int64) (off, size int64) {
-	b := a.mem[end-descBytes : end-trailerBytes]
+	b := a.mem[end-descAt : end-trailerBytes]
 	return int64(binary.LittleEndian.Uint64(b[0:])), int64(binary.LittleEndian.Uint64(b[8:]))
 }
 
+// writeDescriptor writes a new large object's descriptor, unsealed.
 func (a *Arena) writeDescriptor(end, off, size int64) {
 	b := a.mem[end-descBytes : end-trailerBytes]
-	binary.LittleEndian.PutUint64(b[0:], uint64(off))
-	binary.LittleEndian.PutUint64(b[8:], uint64(size))
+	binary.LittleEndian.PutUint64(b[0:], 0)
+	binary.LittleEndian.PutUint64(b[8:], uint64(off))
+	binary.LittleEndian.PutUint64(b[16:], uint64(size))
+}
+
+// sealWord is the seal of the large object whose descriptor slot ends at end.
+func (a *Arena) sealWord(end int64) *uint64 {
+	return (*uint64)(unsafe.Pointer(&a.mem[end-descBytes]))
+}
+
+// sealOf is the seal of a large object's bytes b at byte offset off: keyed by
+// the file's secret and the place, so that bytes moved to another extent or
+// taken from another arena file do not match; never 0 (0 is "not sealed").
+func (a *Arena) sealOf(off int64, b []byte) uint64 {
+	s := xxh3.HashSeed(b, a.secret^uint64(off)*0xc2b2ae3d27d4eb4f)
+	if s == 0 {
+		s = 1
+	}
+	return s
 }
 
 // setUnit records in the unit map what the extent at unit u is.

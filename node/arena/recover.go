@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/binary"
 	"hash/maphash"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -60,6 +62,7 @@ type recovery struct {
 	orphans   int64         // large extents no descriptor has named yet
 
 	badUnits, recovered, recoveredBytes, lost, duplicates, orphansFreed int64
+	badSeals, unsealed                                                  int64  // seal.go
 	waits                                                               int64  // removals that waited for the end
 	touched                                                             uint64 // keeps indexSlabLocked's loads
 
@@ -217,7 +220,15 @@ func (a *Arena) endRecovery() ([]seqIdx, bool) {
 		"previousShutdownClean", a.rcv.prevClean, "took", a.rcv.took.Round(time.Microsecond))
 	if a.rcv.lost > 0 || a.rcv.badUnits > 0 {
 		a.cfg.Logger.Warn("arena file held damaged objects; they were dropped, never served",
-			"file", a.rcv.file, "lostObjects", a.rcv.lost, "badUnitMapWords", a.rcv.badUnits)
+			"file", a.rcv.file, "lostObjects", a.rcv.lost, "ofThemBytesNotMatchingTheirSeal", a.rcv.badSeals,
+			"badUnitMapWords", a.rcv.badUnits,
+			"fix", "nothing to do; if it recurs, check the machine's memory (ECC errors) and who else can write the file")
+	}
+	if a.rcv.unsealed > 0 {
+		a.cfg.Logger.Warn("arena file held objects committed just before the service before was killed, not sealed yet; "+
+			"their bytes cannot be checked, so they were dropped",
+			"file", a.rcv.file, "objects", a.rcv.unsealed,
+			"fix", "stop the service with SIGTERM, which seals every object before it exits")
 	}
 	return a.rcv.order.pairs(), true
 }
@@ -227,8 +238,7 @@ func (a *Arena) endRecovery() ([]seqIdx, bool) {
 // it. Each worker guards its own goroutine.
 func (a *Arena) readSlabs() {
 	defer a.guard(debug.SetPanicOnFault(true), nil)
-	var found []slotFind
-	var damaged []int64
+	var rs slabRead
 	for {
 		select {
 		case <-a.stop:
@@ -245,8 +255,9 @@ func (a *Arena) readSlabs() {
 		if !ok {
 			return
 		}
-		found, damaged = a.readSlab(&s, found[:0], damaged[:0])
-		a.indexSlab(id, found, damaged)
+		rs.reset()
+		a.readSlab(&s, &rs)
+		a.indexSlab(id, &rs)
 	}
 }
 
@@ -266,14 +277,34 @@ func (a *Arena) nextSlab() (uint32, slab, bool) {
 
 // indexSlab indexes what readSlab found in slab id, unless the arena broke
 // meanwhile (what it read may be zeros).
-func (a *Arena) indexSlab(id uint32, found []slotFind, damaged []int64) {
+func (a *Arena) indexSlab(id uint32, rs *slabRead) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.broken() {
 		return
 	}
-	a.indexSlabLocked(id, found, damaged)
+	a.indexSlabLocked(id, rs)
 	a.rcv.read++
+}
+
+// slabRead is what readSlab found in a slab: the objects to index, the ends
+// of the slots that failed their checks (badSeals of them large objects
+// whose bytes did not match their seal), and of large objects with no seal.
+type slabRead struct {
+	found              []slotFind
+	damaged            []int64
+	badSeals, unsealed []lostLarge
+	large              []slotFind // large objects whose seals are to check
+	sealOK             []bool
+}
+
+// lostLarge is a large object recovery drops for its seal: the end of its
+// descriptor slot and its extent.
+type lostLarge struct{ end, at, size int64 }
+
+func (rs *slabRead) reset() {
+	rs.found, rs.damaged, rs.badSeals, rs.unsealed = rs.found[:0], rs.damaged[:0], rs.badSeals[:0], rs.unsealed[:0]
+	rs.large = rs.large[:0]
 }
 
 // slotFind is a slot that holds what looks like a committed object: its
@@ -285,10 +316,11 @@ type slotFind struct {
 }
 
 // readSlab reads the slots of slab s, which recovery has not read (so nothing
-// else touches them, and no lock is needed): it appends to found the slots
-// whose check word holds, and to damaged the ends of those with a nonzero
-// check word that does not.
-func (a *Arena) readSlab(s *slab, found []slotFind, damaged []int64) ([]slotFind, []int64) {
+// else touches them, and no lock is needed), into rs: the slots whose check
+// word holds, and for a large object whose bytes match its seal (seal.go);
+// the ends of those with a nonzero check word that does not hold, or whose
+// bytes do not match; and of large objects never sealed.
+func (a *Arena) readSlab(s *slab, rs *slabRead) {
 	for slot := range int64(s.nslots) {
 		off := s.off + slot*s.slot
 		end := off + s.slot
@@ -315,22 +347,94 @@ func (a *Arena) readSlab(s *slab, found []slotFind, damaged []int64) ([]slotFind
 			ok = false
 		}
 		if !ok || a.checkOf(off, end) != t.check {
-			damaged = append(damaged, end)
+			rs.damaged = append(rs.damaged, end)
 			continue
 		}
 		f.h = maphash.Bytes(a.seed, a.mem[keyAt:keyAt+kl])
-		found = append(found, f)
+		if t.kind == kindLarge {
+			if *a.sealWord(end) == 0 {
+				rs.unsealed = append(rs.unsealed, lostLarge{end, f.bytesAt, f.size})
+				continue
+			}
+			rs.large = append(rs.large, f)
+			continue
+		}
+		rs.found = append(rs.found, f)
 	}
-	return found, damaged
+	a.checkSeals(rs)
 }
+
+// checkSeals hashes the bytes of the large objects readSlab found against
+// their seals, moving each to found or badSeals. The extents are the unit
+// map's and nobody else's until they are indexed (or their descriptors are
+// damaged, which the check words rule out): hashing them needs no lock. A
+// slab of descriptors can name gigabytes, so its objects are hashed by
+// hashWorkers goroutines, not only the one reading the slab.
+func (a *Arena) checkSeals(rs *slabRead) {
+	if len(rs.large) == 0 {
+		return
+	}
+	ok := slices.Grow(rs.sealOK[:0], len(rs.large))[:len(rs.large)]
+	rs.sealOK = ok
+	check := func(i int) {
+		f := &rs.large[i]
+		ok[i] = a.sealOf(f.bytesAt, a.mem[f.bytesAt:f.bytesAt+f.size:f.bytesAt+f.size]) == *a.sealWord(f.end)
+	}
+	var total int64
+	for i := range rs.large {
+		total += rs.large[i].size
+	}
+	if workers := hashWorkers(); workers > 1 && len(rs.large) > 1 && total >= 8<<20 {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range min(workers, len(rs.large)) - 1 {
+			wg.Go(func() {
+				defer a.guard(debug.SetPanicOnFault(true), nil)
+				for i := int(next.Add(1) - 1); i < len(rs.large); i = int(next.Add(1) - 1) {
+					check(i)
+				}
+			})
+		}
+		for i := int(next.Add(1) - 1); i < len(rs.large); i = int(next.Add(1) - 1) {
+			check(i)
+		}
+		wg.Wait()
+	} else {
+		for i := range rs.large {
+			check(i)
+		}
+	}
+	for i := range rs.large {
+		f := rs.large[i]
+		if ok[i] {
+			rs.found = append(rs.found, f)
+		} else {
+			rs.badSeals = append(rs.badSeals, lostLarge{f.end, f.bytesAt, f.size})
+		}
+	}
+}
+
+// hashWorkers is how many goroutines hash one slab's large objects at
+// recovery: half the CPUs, from recoverWorkers to eight.
+func hashWorkers() int { return min(max(runtime.GOMAXPROCS(0)/2, recoverWorkers), 8) }
 
 // indexSlabLocked indexes the objects readSlab found in slab id, clears the
 // damaged slots, frees the rest, and frees the slab if it holds nothing.
-func (a *Arena) indexSlabLocked(id uint32, found []slotFind, damaged []int64) {
-	for _, end := range damaged {
+func (a *Arena) indexSlabLocked(id uint32, rs *slabRead) {
+	for _, end := range rs.damaged {
 		a.clearCheck(end)
 		a.rcv.lost++
 	}
+	for _, l := range rs.unsealed {
+		a.dropLargeLocked(l)
+		a.rcv.unsealed++
+	}
+	for _, l := range rs.badSeals {
+		a.dropLargeLocked(l)
+		a.rcv.lost++
+		a.rcv.badSeals++
+	}
+	found := rs.found
 	s := &a.slabs[id]
 	s.unscanned = false
 	used := make([]bool, s.nslots)
@@ -370,6 +474,22 @@ func (a *Arena) indexSlabLocked(id uint32, found []slotFind, damaged []int64) {
 	case n < s.nslots:
 		a.pushPartial(id)
 	}
+}
+
+// dropLargeLocked clears the slot of a large object recovery drops for its
+// seal and frees its extent (not an unfinished write's: it was committed).
+func (a *Arena) dropLargeLocked(l lostLarge) {
+	a.clearCheck(l.end)
+	u, n := l.at/a.unit, a.extUnits(l.size)
+	if a.owner[u] != ownerOrphan || a.umap[u] != umWord(umLarge, n) {
+		return // not where the unit map says: freed with the orphans, if at all
+	}
+	delete(a.owner, u)
+	a.setUnit(u, 0)
+	if err := a.ext.Free(u, n); err != nil {
+		panic("arena: freeing a dropped object's extent: " + err.Error()) // a bookkeeping bug
+	}
+	a.rcv.orphans--
 }
 
 // indexSlotLocked indexes the object readSlab found in f, in slab id, and

@@ -78,6 +78,16 @@ type Stats struct {
 	WarmupTook time.Duration `json:"warmupTook,omitempty"`
 	// Recovery is what this start found in the arena file.
 	Recovery RecoveryStats `json:"recovery"`
+	// Sealed counts the large objects sealed since the start (SealedBytes
+	// their bytes, SealTook the time spent hashing them); Unsealed, those
+	// committed and not sealed yet, which a kill now would lose (seal.go);
+	// SealSkipped, those removed or evicted before their turn. An anonymous
+	// arena seals nothing.
+	Sealed      int64         `json:"sealed"`
+	SealedBytes int64         `json:"sealedBytes"`
+	Unsealed    int64         `json:"unsealed"`
+	SealSkipped int64         `json:"sealSkipped"`
+	SealTook    time.Duration `json:"sealTook"`
 	// Broken, when set, says why the arena's memory is gone (its file was
 	// truncated while it served): it serves nothing and takes nothing until
 	// the service restarts (fault.go). BrokenAt is when it broke.
@@ -125,6 +135,12 @@ type RecoveryStats struct {
 	Duplicates       int64 `json:"duplicates"`
 	UnfinishedWrites int64 `json:"unfinishedWrites"`
 	BadUnitMapWords  int64 `json:"badUnitMapWords"`
+	// BadSeals counts the large objects of Lost whose bytes did not match
+	// their seal (a flipped bit, a write by someone else); Unsealed, large
+	// objects dropped because the service before was killed before it
+	// sealed them (seal.go): not damage, but not checkable either.
+	BadSeals int64 `json:"badSeals"`
+	Unsealed int64 `json:"unsealed"`
 	// IndexTook is how long rebuilding the allocator took (inside New);
 	// Took, the whole recovery from New on, once it is over.
 	IndexTook time.Duration `json:"indexTook"`
@@ -169,6 +185,11 @@ func (a *Arena) Stats() Stats {
 		UnusableBytes: a.warm.failed * a.unit,
 		WarmupTook:    a.warm.took,
 		Recovery:      a.recoveryStatsLocked(),
+		Sealed:        a.seal.sealed,
+		SealedBytes:   a.seal.sealedBytes,
+		Unsealed:      int64(len(a.seal.queue)),
+		SealSkipped:   a.seal.skipped,
+		SealTook:      a.seal.took,
 		Broken:        a.brokenWhyLocked(),
 		BrokenAt:      a.brk.at,
 	}
@@ -187,7 +208,8 @@ func (a *Arena) recoveryStatsLocked() RecoveryStats {
 	st := RecoveryStats{File: r.file, Warm: r.warm, PreviousClean: r.prevClean, ContentID: r.contentID, Starts: r.starts,
 		Recovering: r.active, SlabsRead: int64(r.read), Slabs: int64(len(r.unscanned)),
 		Recovered: r.recovered, RecoveredBytes: r.recoveredBytes, Lost: r.lost, Duplicates: r.duplicates,
-		UnfinishedWrites: r.orphansFreed, BadUnitMapWords: r.badUnits, IndexTook: r.indexTook}
+		UnfinishedWrites: r.orphansFreed, BadUnitMapWords: r.badUnits, BadSeals: r.badSeals, Unsealed: r.unsealed,
+		IndexTook: r.indexTook}
 	if !r.warm {
 		st.Cold, st.DroppedAtStart = r.why, r.prevObjs
 	}

@@ -180,6 +180,9 @@ func (p *Pending) Commit() (err error) {
 	binary.LittleEndian.PutUint64(a.mem[trailerAt(end)+8:], seq)
 	a.setCheck(end, a.checkOf(r.off, end))
 	r.state = committed
+	if a.seal.on && r.flags&flagLarge != 0 {
+		a.queueSealLocked(p.idx, seq)
+	}
 	a.committed++
 	a.committedBytes += r.size
 	a.lruPushFront(p.idx)
