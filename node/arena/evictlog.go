@@ -2,6 +2,7 @@ package arena
 
 import (
 	"encoding/binary"
+	"runtime/debug"
 	"slices"
 
 	"github.com/zeebo/xxh3"
@@ -152,4 +153,21 @@ func (a *Arena) RecentEvictions() []RecentEviction {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.elog.recent
+}
+
+// ForgetEvictions ends the claim of evictions a restarted service has
+// checked (RecentEvictions): a removal record for each, as a Remove writes,
+// so that the next start neither reports a lost one again nor reports one
+// that was found now and dropped from the spill later, as lost by a kill.
+func (a *Arena) ForgetEvictions(checked []RecentEviction) {
+	defer a.guard(debug.SetPanicOnFault(true), nil)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed || a.broken() {
+		return
+	}
+	for _, e := range checked {
+		a.appendLogLocked(logRemoved, e.Key, e.Format)
+	}
+	a.elog.recent = nil
 }
