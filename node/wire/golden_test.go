@@ -16,7 +16,7 @@ import (
 )
 
 // The golden frames check the protocol's other implementation, the SGLang
-// plugin's codec (python/strata_sglang/wire.py), against this one:
+// plugin's codec (python/strata_client/wire.py), against this one:
 //
 //   - testdata/golden/go/NAME.bin are frames this codec encodes, and
 //     testdata/golden/manifest.json says what each holds; the plugin's tests

@@ -106,9 +106,9 @@ def main():
     if harness.PROBLEM:
         raise SystemExit(f"bench_plugin: {harness.PROBLEM}")
     import torch
-    from strata_sglang import wire
+    from strata_client import wire
     from strata_sglang.storage import StrataStorage
-    from strata_sglang.client import Connection, StrataError
+    from strata_client.client import Connection, StrataError
 
     start_load = load()
     tmp = tempfile.mkdtemp(prefix="sgb")

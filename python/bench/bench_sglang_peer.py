@@ -415,7 +415,7 @@ def main(argv=None):
 
     if args.plugin:
         sys.path.insert(0, os.path.abspath(args.plugin))
-    from strata_sglang.client import Connection, StrataError
+    from strata_client.client import Connection, StrataError
     from strata_sglang.storage import StrataStorage
     import sglang.srt.mem_cache.pool_host.base as host_base
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost

@@ -32,7 +32,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from . import wire
+from strata_client import wire
 
 _I64 = torch.int64
 _U8 = torch.uint8

@@ -9,8 +9,8 @@ import socket
 import sys
 import time
 
-from . import wire
-from .client import Connection, StrataError, Timeout
+from strata_client import wire
+from strata_client.client import Connection, StrataError, Timeout
 
 FLAGS = (
     "--enable-hierarchical-cache --hicache-storage-backend dynamic "

@@ -19,8 +19,10 @@ from typing import List
 
 import torch
 
-from . import batch, names, wire
-from .client import NotRegistered, SegmentRefused
+from strata_client import wire
+from strata_client.client import NotRegistered, SegmentRefused
+
+from . import batch, names
 
 _ALIGN = 64
 

@@ -209,7 +209,7 @@ class Pool:
             tmpl = [""] + [x + lead for x in self.suffixes[:-1]] + [self.suffixes[-1]]
             text = lead + lead.join([k.join(tmpl) for k in keys])
             return text.encode("latin-1") + self.fmt_field
-        from .wire import varint
+        from strata_client.wire import varint
 
         return b"".join(b"\x0a" + varint(len(n)) + n for n in self.name_list(keys)) + self.fmt_field
 

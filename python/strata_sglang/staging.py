@@ -17,7 +17,9 @@ from typing import List, NamedTuple, Optional
 
 import torch
 
-from . import names, wire
+from strata_client import wire
+
+from . import names
 from .pools import mmap_base
 
 

@@ -34,8 +34,10 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
-from . import names, wire
-from .client import Client, SegmentRefused, Timeout, Unavailable
+from strata_client import wire
+from strata_client.client import Client, SegmentRefused, Timeout, Unavailable
+
+from . import names
 from .moves import Transfers
 from .pools import Pool
 from .staging import Staging
@@ -125,6 +127,7 @@ class StrataStorage(Transfers, Staging, HiCacheStorage):
             timeout=self.timeout,
             reconnect_min=self._setting("reconnect_min_s", 0.05),
             reconnect_max=self._setting("reconnect_max_s", 2.0),
+            logger=logger,
         )
         # A short wait lets the first pools register at once when the service is
         # up; when it is not, SGLang starts anyway and the client keeps trying.

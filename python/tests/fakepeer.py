@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Optional
 
-from strata_sglang import wire
+from strata_client import wire
 
 
 class Peer:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import harness
-from strata_sglang import batch, wire
+from strata_client import wire
+from strata_sglang import batch
 
 
 def _generic(names, fmt, sid, off, length, keep):

@@ -40,7 +40,7 @@ import torch
 
 import harness
 from fakepeer import wait_for
-from strata_sglang import wire
+from strata_client import wire
 
 PAGE = harness.PAGE
 TIMEOUT = 0.4  # timeout_s: many stops outlast it, some do not
@@ -387,7 +387,7 @@ def fd_names() -> dict:
 
 
 def service_segments(sock) -> dict:
-    from strata_sglang.client import Connection
+    from strata_client.client import Connection
 
     c = Connection(sock, 10.0, "chaos-stats")
     try:

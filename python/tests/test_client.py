@@ -18,8 +18,8 @@ import time
 import pytest
 
 from fakepeer import FakeService, wait_for
-from strata_sglang import client as sc
-from strata_sglang import wire
+from strata_client import client as sc
+from strata_client import wire
 
 # How far past its deadline a call may end on a loaded two-core machine. The
 # bugs these tests catch overran by seconds or forever.
@@ -280,7 +280,7 @@ def test_segment_id_0_is_a_refusal_with_a_warning(path, fake, clients, caplog):
     assert c.wait_connected(10)
     fd = memfd()
     try:
-        with caplog.at_level(logging.WARNING, logger="strata_sglang"):
+        with caplog.at_level(logging.WARNING, logger="strata_client"):
             s = c.add_segment(fd, "kv")
         assert s.refused and "segment id 0" in s.refused
         assert any("segment id 0" in r.getMessage() for r in caplog.records), caplog.text
@@ -299,7 +299,7 @@ def test_a_first_hello_that_times_out_is_logged_as_what_it_was(path, fake, clien
         p.serve()
 
     fake(handler)
-    with caplog.at_level(logging.WARNING, logger="strata_sglang"):
+    with caplog.at_level(logging.WARNING, logger="strata_client"):
         c = clients(path, timeout=0.3)
         assert c.wait_connected(10)
     msgs = [r.getMessage() for r in caplog.records]
@@ -488,7 +488,7 @@ def test_a_get_past_its_deadline_waits_while_the_service_copies(path, fake, capl
         def logged():
             return any("stalled in the middle" in r.getMessage() for r in caplog.records)
 
-        with caplog.at_level(logging.WARNING, logger="strata_sglang"):
+        with caplog.at_level(logging.WARNING, logger="strata_client"):
             t, out = in_thread(lambda: conn.call(a_get(), 0.3))
             # Past the deadline, the call waits; after a second of it, it says so.
             assert wait_for(logged, 20), "a get held past its deadline did not log the stall"
@@ -620,7 +620,7 @@ def test_a_get_without_a_fence_page_waits_for_the_service_to_close(path, fake, c
             # a get is never answered
 
     fake(handler)
-    with caplog.at_level(logging.WARNING, logger="strata_sglang"):
+    with caplog.at_level(logging.WARNING, logger="strata_client"):
         c = clients(path, timeout=0.3)
         assert c.wait_connected(10)
         conn = c.snapshot()
@@ -649,7 +649,7 @@ def test_an_older_service_gets_no_deadlines_and_one_warning(path, fake, clients,
                 p.send(h.id, wire.BatchReply([wire.Result()] * len(m.items)))
 
     fake(handler)
-    with caplog.at_level(logging.WARNING, logger="strata_sglang"):
+    with caplog.at_level(logging.WARNING, logger="strata_client"):
         c = clients(path)
         assert c.wait_connected(10)
         conn = c.snapshot()

@@ -45,7 +45,7 @@ def warnings_of(caplog):
 
 def client_segments(b) -> int:
     """How many segments the service holds for b's connection (its Stats)."""
-    from strata_sglang import wire
+    from strata_client import wire
 
     doc = json.loads(b.client.call(wire.Stats()).json)
     me = b.client.snapshot().hello.client_id

@@ -19,7 +19,7 @@ import struct
 import pytest
 
 from conftest import REPO
-from strata_sglang import wire
+from strata_client import wire
 
 PROTO = os.path.join(REPO, "node", "wire", "strata.proto")
 

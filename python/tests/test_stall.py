@@ -20,8 +20,8 @@ import pytest
 
 import harness
 from fakepeer import wait_for
-from strata_sglang import client as sc
-from strata_sglang import wire
+from strata_client import client as sc
+from strata_client import wire
 
 # How far past its deadline a call may end on a loaded two-core machine.
 SLACK = 1.5

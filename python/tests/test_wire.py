@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from strata_sglang import wire
+from strata_client import wire
 
 GOLDEN = os.path.join(
     os.path.dirname(os.path.abspath(__file__)),

@@ -11,7 +11,7 @@ from typing import Optional
 from . import wire
 from .errors import Refused, Timeout, Unavailable, _left
 
-logger = logging.getLogger("strata_sglang")
+logger = logging.getLogger("strata_client")
 
 
 class _PeerGone(Unavailable):

@@ -18,7 +18,7 @@ from .errors import Refused, StrataError, Timeout, Unavailable, _left
 from .fence import Fence
 from .receiver import _Receiver
 
-logger = logging.getLogger("strata_sglang")
+_logger = logging.getLogger("strata_client")  # the default: Client passes its own
 
 # Calls in a row that get no answer within their deadline before the
 # connection is dropped and made again: a peer that stops answering (a hung
@@ -61,7 +61,10 @@ class Connection(_Receiver):
     on the connection.
     """
 
-    def __init__(self, path: str, timeout: float, client_name: str):
+    def __init__(
+        self, path: str, timeout: float, client_name: str, logger: Optional[logging.Logger] = None
+    ):
+        self.logger = logger if logger is not None else _logger
         deadline = time.monotonic() + timeout
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
@@ -317,7 +320,7 @@ class Connection(_Receiver):
             if logged:
                 with self._lock:
                     self._stall_logged = False
-                logger.warning(
+                self.logger.warning(
                     "strata: the node service's stalled copy ended (or the service went) after %.1f s; "
                     "the get returned",
                     time.monotonic() - t0,
@@ -328,7 +331,7 @@ class Connection(_Receiver):
             if self._stall_logged:
                 return False
             self._stall_logged = True
-        logger.warning(
+        self.logger.warning(
             "strata: a get past its deadline waits for the node service to finish copying into SGLang's "
             "host memory: the service stalled in the middle of that copy (stopped, swapped out or "
             "overloaded). The call returns when the copy ends or the service goes, so that those pages "

@@ -60,7 +60,9 @@ __all__ = [
     "_said",
 ]
 
-logger = logging.getLogger("strata_sglang")
+# The default logger; each plugin passes its own (strata_sglang, strata_vllm),
+# so that an engine's operators see the client's lines under the plugin's name.
+_logger = logging.getLogger("strata_client")
 
 
 class Client(_Registrar):
@@ -77,7 +79,9 @@ class Client(_Registrar):
         timeout: float = 5.0,
         reconnect_min: float = 0.05,
         reconnect_max: float = 2.0,
+        logger: Optional[logging.Logger] = None,
     ):
+        self.logger = logger if logger is not None else _logger
         self.socket_path = socket_path
         self.client_name = client_name
         self.timeout = timeout
@@ -117,7 +121,7 @@ class Client(_Registrar):
             try:
                 conn = self._attempt(first)
             except BaseException as e:  # noqa: BLE001 - never end L3 for the process: retry
-                logger.debug("strata: connection attempt failed", exc_info=True)
+                self.logger.debug("strata: connection attempt failed", exc_info=True)
                 self._attempt_failed(e)
                 conn = None
             first = False
@@ -129,7 +133,7 @@ class Client(_Registrar):
             try:
                 self._watch(conn)
             except BaseException as e:  # noqa: BLE001 - drop the connection, make another
-                logger.debug("strata: connection watch failed", exc_info=True)
+                self.logger.debug("strata: connection watch failed", exc_info=True)
                 conn.close(e)
             self._lost(conn)
 
@@ -192,12 +196,12 @@ class Client(_Registrar):
         connection's life. One slower than a tenth of the timeout is made again
         (twice at most), keeping the quickest.
         """
-        conn = Connection(self.socket_path, self.timeout, self.client_name)
+        conn = Connection(self.socket_path, self.timeout, self.client_name, self.logger)
         for _ in range(2):
             if not conn.deadlines or conn.rtt <= self.timeout / 10:
                 break
             try:
-                again = Connection(self.socket_path, self.timeout, self.client_name)
+                again = Connection(self.socket_path, self.timeout, self.client_name, self.logger)
             except Exception:  # noqa: BLE001 - keep the one made
                 break
             if again.rtt < conn.rtt:
@@ -228,7 +232,7 @@ class Client(_Registrar):
             if what in self._deadline_warned:
                 return
             self._deadline_warned.add(what)
-        logger.warning(msg, self.socket_path, arg)
+        self.logger.warning(msg, self.socket_path, arg)
 
     def _announce(self, conn: Connection, again: bool, failed: int, last):
         with self._lock:
@@ -242,13 +246,13 @@ class Client(_Registrar):
         if len(segs) - ok - refused:
             what += f" ({len(segs) - ok - refused} being retried)"
         if again:
-            logger.warning(
+            self.logger.warning(
                 "strata: connected to the node service at %s again and %s; L3 is back",
                 self.socket_path,
                 what,
             )
         elif failed:
-            logger.warning(
+            self.logger.warning(
                 "strata: connected to the node service at %s after %d failed attempt%s (the last: %s); %s; L3 is on",
                 self.socket_path,
                 failed,
@@ -257,7 +261,9 @@ class Client(_Registrar):
                 what,
             )
         else:
-            logger.info("strata: connected to the node service at %s; %s", self.socket_path, what)
+            self.logger.info(
+                "strata: connected to the node service at %s; %s", self.socket_path, what
+            )
 
     def _watch(self, conn: Connection):
         """Until conn dies: retry registrations that failed, unregister orphans."""
@@ -311,7 +317,7 @@ class Client(_Registrar):
     def _down(self, err):
         if not self._begin_outage():
             return
-        logger.warning(
+        self.logger.warning(
             "strata: the node service at %s is not reachable (%s); L3 reads are misses and writes fail "
             "until it is back. Reconnecting in the background. Start it with: strata serve --socket %s",
             self.socket_path,
@@ -331,7 +337,7 @@ class Client(_Registrar):
         """A call timed out: one warning per outage, whatever fails in it."""
         if not self._begin_outage():
             return
-        logger.warning(
+        self.logger.warning(
             "strata: the node service at %s is not answering (%s); until it does, L3 reads are misses and "
             "writes fail, each call costing at most its deadline of %g s; after %d timeouts in a row the "
             "plugin reconnects. Further failures of this outage are not logged",
@@ -346,7 +352,9 @@ class Client(_Registrar):
             if self._conn is not conn or not self._outage:
                 return
             self._outage = False
-        logger.warning("strata: the node service at %s answers again; L3 is back", self.socket_path)
+        self.logger.warning(
+            "strata: the node service at %s answers again; L3 is back", self.socket_path
+        )
 
     def wait_connected(self, timeout: float) -> bool:
         """Wait until connected with every segment registered (or refused, which

@@ -4,7 +4,6 @@ the segment bookkeeping, apart from connecting (client.py)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -15,7 +14,6 @@ from . import wire
 from .connection import Connection
 from .errors import NotRegistered, Refused, SegmentRefused, StrataError, Unavailable, _left
 
-logger = logging.getLogger("strata_sglang")
 
 # Refusals of a segment registration that pass: retried like a lost connection.
 # Any other refusal (quota, memory the service cannot map) is final.
@@ -82,7 +80,7 @@ class _Registrar:
                 self._retrying(s, e, outage=True)
                 return False
             except Exception as e:  # noqa: BLE001 - a bug: retried, never raised into SGLang
-                logger.debug("strata: registering %r failed", s.name, exc_info=True)
+                self.logger.debug("strata: registering %r failed", s.name, exc_info=True)
                 self._retrying(s, e, outage=False)
                 return False
             if not r.segment_id:
@@ -98,7 +96,7 @@ class _Registrar:
                 retried, s.failing = s.failing, ""
                 self._cond.notify_all()  # wait_connected
         if retried:
-            logger.warning(
+            self.logger.warning(
                 "strata: host memory segment %r is registered with the node service now (it failed before: %s); "
                 "its pool has L3 again",
                 s.name,
@@ -112,7 +110,7 @@ class _Registrar:
             s.failing = str(e) or type(e).__name__
         # A timeout or a lost connection is also the outage's one warning.
         if first and (self._begin_outage() if outage else True):
-            logger.warning(
+            self.logger.warning(
                 "strata: registering host memory segment %r (%d bytes) with the node service at %s failed (%s); "
                 "retrying in the background: that pool has no L3 until it succeeds",
                 s.name,
@@ -128,7 +126,7 @@ class _Registrar:
             warn = not s.warned
             s.warned = True
         if warn:
-            logger.warning(
+            self.logger.warning(
                 "strata: the node service refused host memory segment %r (%d bytes): %s. This is final: that pool "
                 "runs without L3 until strata serve restarts",
                 s.name,
