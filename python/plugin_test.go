@@ -1,11 +1,12 @@
-// Package python_test runs the strata_sglang plugin's pytest suite from `go test`,
+// Package python_test runs the engine plugins' pytest suite from `go test`,
 // so that the README's one test command (go test -race ./...) covers the Go code
-// and the Python plugin alike. The suite (python/tests) drives the plugin
-// through SGLang's side of the contract against a real strata serve, twice:
-// through the project's own model of SGLang always (subtest "model"), and
-// through SGLang's real classes when STRATA_SGLANG_DIR names a fetched copy
-// (subtest "sglang", which otherwise skips with one line, also under CI=true:
-// no SGLang code is kept here). Its chaos test (python/tests/test_chaos.py)
+// and the Python plugins alike. The suite (python/tests) drives strata_sglang
+// through SGLang's side of the contract and strata_vllm through vLLM's,
+// against a real strata serve: through the project's own models of both
+// engines always (subtest "model"), through SGLang's real classes when
+// STRATA_SGLANG_DIR names a fetched copy (subtest "sglang") and through
+// vLLM's when STRATA_VLLM_DIR does (subtest "vllm"); each of these skips with
+// one line without its copy, also under CI=true: no engine code is kept here. Its chaos test (python/tests/test_chaos.py)
 // runs a few seconds by default; STRATA_CHAOS=60s runs it for the full minute
 // (and STRATA_CHAOS_SEED=N repeats a run).
 package python_test
@@ -72,15 +73,31 @@ func TestPluginPytestSuite(t *testing.T) {
 		}
 		runPytest(t, repo, bin, "real")
 	})
+	t.Run("vllm", func(t *testing.T) {
+		if os.Getenv("STRATA_VLLM_DIR") == "" {
+			t.Skip("vLLM's real classes: STRATA_VLLM_DIR is not set; extract a fetched vLLM with " +
+				"`git -C <vllm git dir> archive <commit> vllm | tar -x -C .vllm` (the model's run covers every scenario)")
+		}
+		runPytest(t, repo, bin, "vllm-real")
+	})
 }
 
-// runPytest runs python/tests on one side of SGLang (harness.py: model or real).
+// runPytest runs python/tests on one side: the models of both engines
+// ("model"), SGLang's real classes ("real", harness.py) or vLLM's
+// ("vllm-real", vllm_side.py).
 func runPytest(t *testing.T, repo, bin, side string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, debianPython, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "python/tests")
 	cmd.Dir = repo
-	cmd.Env = append(os.Environ(), "STRATA_BIN="+bin, "PYTHONDONTWRITEBYTECODE=1", "STRATA_SGLANG_SIDE="+side)
+	env := append(os.Environ(), "STRATA_BIN="+bin, "PYTHONDONTWRITEBYTECODE=1")
+	switch side {
+	case "vllm-real":
+		env = append(env, "STRATA_VLLM_SIDE=real", "STRATA_SGLANG_SIDE=model")
+	default:
+		env = append(env, "STRATA_SGLANG_SIDE="+side, "STRATA_VLLM_SIDE=model")
+	}
+	cmd.Env = env
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	err := cmd.Run()

@@ -45,8 +45,22 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """On the real side, only the tests that drive SGLang's side run; without
-    a copy they skip, each with the one reason."""
+    """On a real side, only the tests that drive that engine's side run (the
+    ``sglang`` or ``vllm`` fixture); without a copy they skip, each with the
+    one reason."""
+    if os.environ.get("STRATA_VLLM_SIDE") == "real":
+        import vllm_side
+
+        keep = [i for i in items if "vllm" in getattr(i, "fixturenames", ())]
+        dropped = [i for i in items if i not in keep]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
+        if vllm_side.PROBLEM:
+            mark = pytest.mark.skip(reason=vllm_side.PROBLEM)
+            for i in items:
+                i.add_marker(mark)
+        return
     if harness.SIDE != "real":
         return
     keep = [i for i in items if "sglang" in getattr(i, "fixturenames", ())]
@@ -58,6 +72,16 @@ def pytest_collection_modifyitems(config, items):
         mark = pytest.mark.skip(reason=harness.PROBLEM)
         for i in items:
             i.add_marker(mark)
+
+
+@pytest.fixture(scope="session")
+def vllm():
+    """vLLM's side for the vLLM tier's tests: the model, or the real classes
+    (vllm_side.py)."""
+    import vllm_side
+
+    need(not vllm_side.PROBLEM, vllm_side.PROBLEM)
+    return vllm_side
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,234 @@
+"""strata_vllm's StrataTier driven through the project's model of vLLM's side
+(vllm_model: the CPU tier's region on /dev/shm, the spec, the tiering
+manager's call order) against a real strata serve: lookups that answer
+RETRY and then the service's answer, promotions into vLLM's rows byte-exact,
+stores cascaded from them, two engines sharing rows, engines of another model
+never seeing them, the copy path, outages, drain, reset and shutdown.
+"""
+
+import importlib
+import logging
+import os
+import sys
+import time
+import uuid
+
+import pytest
+
+import vllm_side  # picks the side before anything imports vLLM's interface
+from fakepeer import wait_for
+
+from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key  # noqa: E402
+
+ROW = 64 << 10  # bytes per row: a 16-token block of a small model's KV
+
+
+def new_engine(sock, rows=32, model=None, **kw):
+    eid = f"strata-test-{uuid.uuid4().hex[:12]}"
+    kw = dict(kw, socket=sock)
+    kw.setdefault("timeout_s", 5.0)
+    return vllm_side.new_engine(eid, rows, ROW, kw, model=model)
+
+
+@pytest.fixture
+def engines(vllm):
+    made = []
+
+    def make(*a, **kw):
+        e = new_engine(*a, **kw)
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        e.shutdown()
+
+
+def keys(n, tag):
+    return [
+        make_offload_key(uuid.uuid5(uuid.NAMESPACE_URL, f"{tag}-{i}").bytes * 2, 0)
+        for i in range(n)
+    ]
+
+
+def block(k: bytes) -> bytes:
+    """A row's bytes, from its key."""
+    return (k * (ROW // len(k) + 1))[:ROW]
+
+
+def settle(e, req: ReqContext, ks, want: int, timeout: float = 20.0):
+    """Step the engine until a lookup of ks says want leading hits, as the
+    scheduler does; fail naming what it said last."""
+    got = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = e.lookup_prefix(req, ks)
+        e.end_step()
+        if got == want:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"lookup of {len(ks)} keys said {got}, want {want} hits")
+
+
+def finish(e, timeout: float = 20.0):
+    assert wait_for(
+        lambda: (e.poll(), not e.jobs)[1], timeout
+    ), f"jobs never finished: {sorted(e.jobs)}"
+
+
+def test_a_stored_block_is_found_and_promoted_byte_exact(serve, engines):
+    e = engines(serve.socket)
+    assert e.tier._staging is None, "vLLM's rows were not registered: zero-copy is off"
+    req = ReqContext("r1")
+    ks = keys(8, "one")
+    e.write(req, {k: block(k) for k in ks})
+    finish(e)
+    assert e.failed_jobs == 0 and e.tier.strata_stats()["stored"] == 8
+    e.drop_primary()  # gone from vLLM's CPU tier: only Strata has them
+    e.region.array[:] = 0
+    # The first pass only asks: every key RETRY, then the service's answer.
+    assert e.lookup_prefix(ReqContext("r2"), ks) is None
+    settle(e, ReqContext("r2"), ks, 8)
+    for k in ks:
+        assert e.region.array[e.primary[k]].tobytes() == block(
+            k
+        ), "a promoted row holds other bytes"
+
+
+def test_a_prefix_stops_at_the_first_miss(serve, engines):
+    e = engines(serve.socket)
+    ks = keys(6, "prefix")
+    e.write(ReqContext("w"), {k: block(k) for k in ks[:3] + ks[4:]})  # ks[3] never stored
+    finish(e)
+    e.drop_primary()
+    settle(e, ReqContext("r"), ks, 3)
+
+
+def test_two_engines_share_rows_and_another_model_sees_none(serve, engines):
+    a, b = engines(serve.socket), engines(serve.socket)
+    other = engines(serve.socket, model=("meta-llama/Llama-3.1-8B", "float16"))
+    ks = keys(16, "shared")
+    a.write(ReqContext("a"), {k: block(k) for k in ks})
+    finish(a)
+    assert a.tier.namespace == b.tier.namespace != other.tier.namespace
+    settle(b, ReqContext("b"), ks, 16)
+    for k in ks:
+        assert b.region.array[b.primary[k]].tobytes() == block(
+            k
+        ), "engine B read other bytes than A wrote"
+    settle(other, ReqContext("o"), ks, 0)
+
+
+def test_the_copy_path_when_the_rows_cannot_be_registered(serve, engines, caplog, monkeypatch):
+    import strata_vllm.tier as tier
+
+    monkeypatch.setattr(tier, "rows_path", lambda spec: None)  # vLLM's file is not found
+    with caplog.at_level(logging.WARNING, logger="strata_vllm"):
+        e = engines(serve.socket, staging_rows=5)
+    warned = [r for r in caplog.records if "staging buffer" in r.getMessage()]
+    assert len(warned) == 1, caplog.text
+    ks = keys(12, "copy")
+    e.write(ReqContext("w"), {k: block(k) for k in ks})
+    finish(e)
+    e.drop_primary()
+    e.region.array[:] = 0
+    settle(e, ReqContext("r"), ks, 12)
+    for k in ks:
+        assert e.region.array[e.primary[k]].tobytes() == block(k)
+
+
+def test_a_foreign_file_at_the_rows_path_is_never_used(
+    serve, engines, caplog, monkeypatch, tmp_path
+):
+    """A file that is not the memory of vLLM's view (someone else's, or
+    another mapping): the tier takes the copy path and says why."""
+    import strata_vllm.tier as tier
+
+    fake = tmp_path / "rows"
+    fake.write_bytes(b"\0" * (32 * ROW))
+    os.chmod(fake, 0o600)
+    monkeypatch.setattr(tier, "rows_path", lambda spec: str(fake))
+    with caplog.at_level(logging.WARNING, logger="strata_vllm"):
+        e = engines(serve.socket)
+    assert e.tier._staging is not None
+    assert "not the memory of" in caplog.text, caplog.text
+
+
+def test_a_dead_service_gives_misses_and_failed_jobs_never_an_exception(
+    stopped_serve, engines, caplog
+):
+    with caplog.at_level(logging.WARNING):
+        e = engines(stopped_serve.socket, timeout_s=0.5)
+        ks = keys(4, "dead")
+        e.write(ReqContext("w"), {k: block(k) for k in ks})
+        finish(e)
+        assert e.failed_jobs == 1
+        e.drop_primary()
+        settle(e, ReqContext("r"), ks, 0)
+    outage = [r for r in caplog.records if "not reachable" in r.getMessage()]
+    assert len(outage) == 1, caplog.text
+
+
+def test_a_failed_load_is_a_miss_from_then_on(serve, engines):
+    e = engines(serve.socket)
+    ks = keys(3, "gone")
+    e.write(ReqContext("w"), {k: block(k) for k in ks})
+    finish(e)
+    e.drop_primary()
+    req = ReqContext("r")
+    e.lookup_prefix(req, ks)  # RETRY, asked
+    e.end_step()
+    assert wait_for(lambda: ks[0] in e.tier._reqs["r"].answers, 10)
+    # The service loses the block between the lookup and the load.
+    from strata_client import wire
+    from strata_client.client import Client
+
+    c = Client(serve.socket, "test-remove")
+    try:
+        assert c.wait_connected(10)
+        c.call(wire.Remove([e.tier.namespace + ks[1].hex()]))
+    finally:
+        c.close()
+    e.lookup_prefix(req, ks)  # HIT: promotions start
+    e.end_step()
+    finish(e)
+    assert e.failed_jobs == 1 and ks[0] in e.primary and ks[1] not in e.primary
+    assert e.tier.lookup(ks[1], ReqContext("later")) is LookupResult.MISS
+
+
+def test_drain_reports_every_job_and_reset_is_exact(serve, engines):
+    e = engines(serve.socket, rows=128)
+    for i in range(8):
+        ks = keys(12, f"drain-{i}")
+        e.write(ReqContext(f"w{i}"), {k: block(k) for k in ks})
+    e.reset_cache()  # drains: every job reported before the rows are freed
+    assert not e.tier.has_pending_work()
+
+
+def test_events_name_what_was_stored(serve, engines):
+    e = engines(serve.socket)
+    ks = keys(5, "events")
+    e.write(ReqContext("w"), {k: block(k) for k in ks})
+    finish(e)
+    ev = list(e.tier.take_events())
+    assert sorted(k for x in ev for k in x.keys) == sorted(ks) and not any(x.removed for x in ev)
+    assert list(e.tier.take_events()) == []
+
+
+def test_an_unknown_vllm_interface_fails_at_load_with_the_fix(vllm):
+    saved = {n: sys.modules[n] for n in list(sys.modules) if n.startswith("strata_vllm")}
+    base = sys.modules["vllm.v1.kv_offload.tiering.base"]
+    real = base.SecondaryTierManager
+    try:
+        for n in saved:
+            del sys.modules[n]
+
+        # A vLLM whose tier base class lacks the calls this tier answers.
+        base.SecondaryTierManager = type("SecondaryTierManager", (), {"lookup": real.lookup})
+        with pytest.raises(ImportError, match="strata_vllm needs vLLM's TieringOffloadingSpec"):
+            importlib.import_module("strata_vllm")
+    finally:
+        base.SecondaryTierManager = real
+        for n in [n for n in sys.modules if n.startswith("strata_vllm")]:
+            del sys.modules[n]
+        sys.modules.update(saved)
