@@ -20,10 +20,12 @@ __all__ = [
     "Locality",
     "LookupResult",
     "Medium",
+    "OffloadingCounterMetadata",
     "OffloadingEvent",
     "RequestOffloadingContext",
     "SecondaryTierManager",
     "TransferJob",
+    "stats_class",
 ]
 
 _FIX = (
@@ -52,6 +54,23 @@ try:
     from vllm.v1.kv_offload.base import Locality  # noqa: F401 - re-exported
 except ImportError:  # before tiers had a locality: every tier is local
     Locality = None
+
+try:
+    from vllm.v1.kv_offload.base import OffloadingCounterMetadata
+except ImportError:  # a vLLM whose tiers declare no metrics
+    OffloadingCounterMetadata = None
+
+
+def stats_class():
+    """vLLM's OffloadingConnectorStats, or None where it does not import."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+            OffloadingConnectorStats,
+        )
+    except Exception:  # noqa: BLE001 - no stats rather than a failed step
+        return None
+    return OffloadingConnectorStats
+
 
 # What the tier calls or implements, by name: checked once, here.
 _METHODS = (

@@ -63,3 +63,36 @@ def namespace(spec, row_bytes: int) -> str:
 def key_name(ns: str, key: bytes) -> str:
     """The service's key of vLLM's OffloadKey key (its block hash and group)."""
     return ns + bytes(key).hex()
+
+
+def hash_seed_problem() -> str:
+    """Why this process's block hashes would not match another process's
+    (then no key it stores could ever be found again), or "".
+
+    vLLM seeds its block hashes (NONE_HASH) from PYTHONHASHSEED when it is
+    set, and otherwise with a fixed seed for sha256 and sha256_cbor but
+    random bytes per process for xxhash (and for every algorithm before
+    upstream PR #51875). The scheduler has computed hashes by the time a
+    tier stores or looks up anything, so its module is loaded then.
+    """
+    import os
+    import sys
+
+    if os.environ.get("PYTHONHASHSEED") is not None:
+        return ""
+    kvu = sys.modules.get("vllm.v1.core.kv_cache_utils")
+    if kvu is None:
+        return ""  # no block hashes computed in this process (a harness)
+    seed_of = getattr(kvu, "get_none_hash_seed", None)
+    default = getattr(kvu, "DEFAULT_NONE_HASH_SEED", None)
+    if seed_of is not None and default is not None:
+        if seed_of() == default:
+            return ""
+        why = "its block hash algorithm (xxhash) is seeded at random per process"
+    else:
+        why = "this vLLM seeds every block hash algorithm at random per process"
+    return (
+        f"{why}, so no other engine, nor this one after a restart, could find what it stores: "
+        "set PYTHONHASHSEED to the same value for every vLLM on the node (or use "
+        "--prefix-caching-hash-algo sha256)"
+    )

@@ -25,6 +25,7 @@ import numpy as np
 from strata_client import wire
 from strata_client.client import Client, StrataError
 
+from . import interface
 from . import keys as K
 from .interface import (
     JobResult,
@@ -41,6 +42,30 @@ logger = logging.getLogger("strata_vllm")
 DEFAULT_SOCKET = "/run/strata/strata.sock"
 # Items per request: well inside the wire's limits for keys of any length.
 _CHUNK = 1024
+
+# The tier's counters, as vLLM's connector exports them (get_stats): metric
+# name, the stats key, what it counts.
+_METRICS = (
+    ("strata:tier_lookups", "lookups", "Block lookups vLLM made in Strata's node tier."),
+    ("strata:tier_hits", "hits", "Block lookups in Strata's node tier that found the block."),
+    (
+        "strata:tier_stored_blocks",
+        "stored",
+        "Blocks stored from vLLM's CPU tier into Strata's node tier.",
+    ),
+    (
+        "strata:tier_loaded_blocks",
+        "loaded",
+        "Blocks loaded from Strata's node tier into vLLM's CPU tier.",
+    ),
+    ("strata:tier_written_bytes", "written_bytes", "Bytes stored into Strata's node tier."),
+    ("strata:tier_read_bytes", "read_bytes", "Bytes loaded from Strata's node tier."),
+    (
+        "strata:tier_failed_jobs",
+        "failed_jobs",
+        "Store and load jobs that failed in whole or in part.",
+    ),
+)
 
 
 @dataclass
@@ -95,7 +120,9 @@ class StrataTier(SecondaryTierManager):
         self._events: List[OffloadingEvent] = []
         self._inflight = 0  # jobs and lookups submitted and not finished
         self._closed = False
-        self.stats = {"lookups": 0, "hits": 0, "stored": 0, "loaded": 0, "failed_jobs": 0}
+        self.stats = {m[1]: 0 for m in _METRICS}
+        self._reported = dict(self.stats)  # what get_stats has handed vLLM
+        self._seed_checked, self._seed_problem = False, ""
         self._staging: Optional[Staging] = None
         self._staging_lock = threading.Lock()
         self._rows_fd = -1
@@ -138,8 +165,20 @@ class StrataTier(SecondaryTierManager):
 
     # -- lookups
 
+    def _unstable(self) -> bool:
+        """Whether block hashes differ per process here (keys.hash_seed_problem):
+        then nothing is stored or found, with one error."""
+        if not self._seed_checked:
+            self._seed_checked = True
+            self._seed_problem = K.hash_seed_problem()
+            if self._seed_problem:
+                logger.error("strata: vLLM's tier stores and finds nothing: %s", self._seed_problem)
+        return bool(self._seed_problem)
+
     def lookup(self, key, req_context) -> LookupResult:
         k = bytes(key)
+        if self._unstable():
+            return LookupResult.MISS
         with self._lock:
             self.stats["lookups"] += 1
             if k in self._failed:
@@ -229,7 +268,7 @@ class StrataTier(SecondaryTierManager):
 
     def _submit(self, job, op):
         with self._lock:
-            if self._closed:
+            if self._closed or self._unstable():
                 self._finished.append(JobResult(job_id=job.job_id, success=False))
                 return
             self._inflight += 1
@@ -253,6 +292,7 @@ class StrataTier(SecondaryTierManager):
             with self._cond:
                 if op == wire.PUT:
                     self.stats["stored"] += len(ok_keys)
+                    self.stats["written_bytes"] += len(ok_keys) * self._stride
                     if self._events_on and ok_keys:
                         self._events.append(
                             OffloadingEvent(keys=list(ok_keys), medium=self.medium, removed=False)
@@ -260,6 +300,7 @@ class StrataTier(SecondaryTierManager):
                     res = JobResult(job_id=job.job_id, success=done, transfer_time=took)
                 else:
                     self.stats["loaded"] += len(ok_keys)
+                    self.stats["read_bytes"] += len(ok_keys) * self._stride
                     good = set(ok_keys)
                     for k in keys:
                         if k not in good:
@@ -389,6 +430,30 @@ class StrataTier(SecondaryTierManager):
                 self._flat.release()
             except (BufferError, ValueError):
                 pass
+
+    @classmethod
+    def build_metric_definitions(cls, extra_config) -> dict:
+        meta = interface.OffloadingCounterMetadata
+        if meta is None:
+            return {}
+        return {name: meta(documentation=doc) for name, _, doc in _METRICS}
+
+    def get_stats(self):
+        """vLLM's stats object with the counters' increases since the last
+        call, or None when nothing changed (or vLLM's stats do not import)."""
+        cls = interface.stats_class()
+        if cls is None:
+            return None
+        with self._lock:
+            deltas = {k: v - self._reported[k] for k, v in self.stats.items()}
+            self._reported = dict(self.stats)
+        if not any(deltas.values()):
+            return None
+        st = cls()
+        for name, k, _ in _METRICS:
+            if deltas[k]:
+                st.increase_counter(name, deltas[k])
+        return st
 
     def strata_stats(self) -> dict:
         """The tier's counters since it started."""

@@ -232,3 +232,49 @@ def test_an_unknown_vllm_interface_fails_at_load_with_the_fix(vllm):
         for n in [n for n in sys.modules if n.startswith("strata_vllm")]:
             del sys.modules[n]
         sys.modules.update(saved)
+
+
+def test_stats_count_what_moved_once(serve, engines):
+    e = engines(serve.socket)
+    ks = keys(6, "stats")
+    e.write(ReqContext("w"), {k: block(k) for k in ks})
+    finish(e)
+    e.drop_primary()
+    settle(e, ReqContext("r"), ks, 6)
+    finish(e)
+    defs = type(e.tier).build_metric_definitions({})
+    st = e.tier.get_stats()
+    assert st is not None, "no stats after blocks moved"
+    vals = {name: v[()] for name, v in st.data["data"].items()}
+    assert set(vals) <= set(defs), f"stats {sorted(vals)} not all declared in {sorted(defs)}"
+    assert vals["strata:tier_stored_blocks"] == 6 and vals["strata:tier_loaded_blocks"] == 6, vals
+    assert vals["strata:tier_written_bytes"] == 6 * ROW and vals["strata:tier_hits"] >= 6, vals
+    assert e.tier.get_stats() is None, "the same increases reported twice"
+
+
+def test_block_hashes_seeded_per_process_store_nothing_and_say_so(
+    serve, engines, caplog, monkeypatch
+):
+    """xxhash without PYTHONHASHSEED (or an older vLLM): another engine could
+    never find what this one stores, so it stores nothing, with one error."""
+    import types
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    kvu = types.ModuleType("vllm.v1.core.kv_cache_utils")
+    kvu.DEFAULT_NONE_HASH_SEED = "fixed"
+    kvu.get_none_hash_seed = lambda: "0f" * 32  # random, as for xxhash
+    monkeypatch.setitem(sys.modules, kvu.__name__, kvu)
+    with caplog.at_level(logging.ERROR, logger="strata_vllm"):
+        e = engines(serve.socket)
+        ks = keys(3, "seed")
+        e.write(ReqContext("w"), {k: block(k) for k in ks})
+        finish(e)
+        e.drop_primary()
+        settle(e, ReqContext("r"), ks, 0)
+    errors = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.ERROR and "PYTHONHASHSEED" in r.getMessage()
+    ]
+    assert len(errors) == 1, caplog.text
+    assert e.failed_jobs == 1 and e.tier.strata_stats()["stored"] == 0

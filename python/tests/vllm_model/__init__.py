@@ -28,6 +28,7 @@ def install():
         "ScheduleEndContext",
         "OffloadingEvent",
         "OffloadingMetricMetadata",
+        "OffloadingCounterMetadata",
         "make_offload_key",
     ):
         setattr(base, name, getattr(contract, name))
@@ -35,3 +36,16 @@ def install():
         setattr(tiering, name, getattr(contract, name))
     sys.modules[base.__name__] = base
     sys.modules[tiering.__name__] = tiering
+    # Where the connector's stats class lives.
+    for n in (
+        "vllm.distributed",
+        "vllm.distributed.kv_transfer",
+        "vllm.distributed.kv_transfer.kv_connector",
+        "vllm.distributed.kv_transfer.kv_connector.v1",
+        "vllm.distributed.kv_transfer.kv_connector.v1.offloading",
+    ):
+        m = sys.modules.setdefault(n, types.ModuleType(n))
+        m.__path__ = []
+    metrics = types.ModuleType("vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics")
+    metrics.OffloadingConnectorStats = contract.OffloadingConnectorStats
+    sys.modules[metrics.__name__] = metrics

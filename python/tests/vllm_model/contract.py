@@ -82,6 +82,27 @@ class OffloadingMetricMetadata:
     labelnames: tuple = ()
 
 
+@dataclass(frozen=True)
+class OffloadingCounterMetadata(OffloadingMetricMetadata):
+    pass
+
+
+class OffloadingConnectorStats:
+    """The connector's stats payload as vLLM documents it: metric types and
+    values by name and label values, counters summed."""
+
+    def __init__(self):
+        self.data = {"types": {}, "data": {}}
+
+    def is_empty(self) -> bool:
+        return not self.data["data"]
+
+    def increase_counter(self, name: str, value=1, labelvalues: tuple = ()):
+        self.data["types"].setdefault(name, "counter")
+        vals = self.data["data"].setdefault(name, {})
+        vals[labelvalues] = vals.get(labelvalues, 0) + value
+
+
 @dataclass
 class TransferJob:
     job_id: int
