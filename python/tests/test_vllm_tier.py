@@ -9,7 +9,10 @@ never seeing them, the copy path, outages, drain, reset and shutdown.
 import importlib
 import logging
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -68,6 +71,18 @@ def settle(e, req: ReqContext, ks, want: int, timeout: float = 20.0):
             return
         time.sleep(0.005)
     raise AssertionError(f"lookup of {len(ks)} keys said {got}, want {want} hits")
+
+
+def settle_once(e, req: ReqContext, ks, timeout: float = 10.0):
+    """The leading hits of one request once the tier has answered it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = e.lookup_prefix(req, ks)
+        e.end_step()
+        if got is not None:
+            return got
+        time.sleep(0.005)
+    return None
 
 
 def finish(e, timeout: float = 20.0):
@@ -278,3 +293,91 @@ def test_block_hashes_seeded_per_process_store_nothing_and_say_so(
     ]
     assert len(errors) == 1, caplog.text
     assert e.failed_jobs == 1 and e.tier.strata_stats()["stored"] == 0
+
+
+def test_a_load_that_timed_out_never_writes_the_rows(serve, engines):
+    """vLLM reuses the rows of a failed promotion at once: once the job is
+    reported failed, no byte of it may reach them, whenever the stalled
+    service resumes."""
+    import numpy as np
+    from test_stall import GET_DONE, decided, service_ops
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    e = engines(serve.socket, rows=64, timeout_s=0.5)
+    ks = keys(24, "stall")
+    e.write(ReqContext("w"), {k: block(k) for k in ks})
+    finish(e)
+    rows = list(range(40, 64))  # rows the engine has not handed out
+    before = service_ops(serve.socket)
+    serve.pause()
+    try:
+        job = TransferJob(10**6, ks, np.array(rows, dtype=np.int64), True, ReqContext("stall"))
+        e.tier.submit_load(job)
+        got = []
+        assert wait_for(
+            lambda: got.extend(e.tier.get_finished_jobs()) or got, 10
+        ), "the load never finished"
+        assert got[0].job_id == job.job_id and not got[0].success
+        e.region.array[rows] = 0xAB  # reused: another request's rows now
+    finally:
+        serve.resume()
+    assert wait_for(lambda: decided(before, serve.socket, GET_DONE, len(ks)), 20), service_ops(
+        serve.socket
+    )
+    assert (
+        e.region.array[rows] == 0xAB
+    ).all(), "the service wrote rows vLLM had reused after the load failed"
+
+
+def test_a_restarted_service_is_found_again(strata_bin, sock_path, engines, tmp_path):
+    """A warm restart of the service (SIGTERM, then a start on the same arena
+    file): the engine reconnects by itself and finds its rows again."""
+    from conftest import Serve
+
+    shm = tempfile.mkdtemp(prefix="strata-vllm-test-", dir="/dev/shm")
+    s = Serve(strata_bin, sock_path, args=["--arena-file", os.path.join(shm, "arena")]).start()
+    try:
+        e = engines(s.socket)
+        ks = keys(8, "restart")
+        e.write(ReqContext("w"), {k: block(k) for k in ks})
+        finish(e)
+        s.stop()
+        s.start()
+        e.drop_primary()
+        e.region.array[:] = 0
+        # Misses while the tier reconnects and the service recovers its arena
+        # are answers for those requests: each attempt is a new request.
+        attempt = iter(range(1 << 30))
+        assert wait_for(
+            lambda: settle_once(e, ReqContext(f"after-{next(attempt)}"), ks) == 8, 30
+        ), "the restarted service's rows were never found again"
+        for k in ks:
+            assert e.region.array[e.primary[k]].tobytes() == block(k)
+    finally:
+        s.stop()
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_two_engine_processes_share_rows(serve, engines):
+    """Another vLLM process on the node stores rows; this one loads them."""
+    tag = uuid.uuid4().hex
+    code = f"""
+import sys, uuid
+sys.path[:0] = {[os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]!r}
+import test_vllm_tier as t
+from vllm.v1.kv_offload.base import ReqContext
+e = t.new_engine({serve.socket!r})
+e.write(ReqContext("peer"), {{k: t.block(k) for k in t.keys(10, {tag!r})}})
+t.finish(e)
+e.shutdown()
+print("stored")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "stored" in r.stdout, r.stdout + r.stderr
+    e = engines(serve.socket)
+    ks = keys(10, tag)
+    settle(e, ReqContext("here"), ks, 10)
+    for k in ks:
+        assert e.region.array[e.primary[k]].tobytes() == block(
+            k
+        ), "rows from the other process differ"
