@@ -241,7 +241,7 @@ def test_an_unknown_vllm_interface_fails_at_load_with_the_fix(vllm):
         # A vLLM whose tier base class lacks the calls this tier answers.
         base.SecondaryTierManager = type("SecondaryTierManager", (), {"lookup": real.lookup})
         with pytest.raises(ImportError, match="strata_vllm needs vLLM's TieringOffloadingSpec"):
-            importlib.import_module("strata_vllm")
+            importlib.import_module("strata_vllm").StrataTier  # what vLLM's loader takes
     finally:
         base.SecondaryTierManager = real
         for n in [n for n in sys.modules if n.startswith("strata_vllm")]:
@@ -381,3 +381,31 @@ print("stored")
         assert e.region.array[e.primary[k]].tobytes() == block(
             k
         ), "rows from the other process differ"
+
+
+def test_the_doctor_passes_and_prints_the_config(serve, vllm):
+    import io
+
+    from strata_vllm.doctor import doctor
+
+    buf = io.StringIO()
+    assert doctor(serve.socket, 5.0, buf) == 0, buf.getvalue()
+    text = buf.getvalue()
+    assert "interface is one strata_vllm knows" in text and "same bytes" in text, text
+    assert '"module_path":"strata_vllm"' in text and serve.socket in text, text
+
+
+def test_the_doctor_without_vllm_fails_fast_with_the_fix(serve):
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "strata_vllm", "doctor", "--socket", serve.socket],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode != 0 and "run the doctor with vLLM's python" in r.stdout, (
+        r.stdout + r.stderr
+    )
+    assert time.monotonic() - t0 < 20
