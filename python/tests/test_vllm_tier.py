@@ -409,3 +409,28 @@ def test_the_doctor_without_vllm_fails_fast_with_the_fix(serve):
         r.stdout + r.stderr
     )
     assert time.monotonic() - t0 < 20
+
+
+def test_a_vllm_and_an_sglang_engine_never_see_each_others_pages(serve, engines, sglang, backends):
+    """The same block hashes, the same model, one service: each engine finds
+    its own pages and none of the other's, in both directions."""
+    import harness
+
+    model = "org/model-1"
+    b = backends(serve.socket, model=model)
+    pool = harness.host_pool("mha", "page_first")
+    b.register_mem_pool_host(pool)
+    assert b.client.wait_connected(10)
+    hexes = harness.keys(4, "shared-hash")
+    pages = list(range(1, 5))
+    harness.fill(pool, pages, seed=7)
+    assert b.batch_set_v1(hexes, harness.indices(pool, pages)) == [True] * 4
+    e = engines(serve.socket, model=(model, "bfloat16"))
+    vkeys = [make_offload_key(bytes.fromhex(h), 0) for h in hexes]  # the same block hashes
+    settle(e, ReqContext("v-sees-s"), vkeys, 0)
+    others = harness.keys(4, "vllm-only")
+    okeys = [make_offload_key(bytes.fromhex(h), 0) for h in others]
+    e.write(ReqContext("w"), {k: block(k) for k in okeys})
+    finish(e)
+    assert b.batch_exists(others) == 0, "SGLang found pages vLLM stored"
+    assert b.batch_exists(hexes) == 4, "SGLang lost its own pages"
