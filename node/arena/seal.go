@@ -89,37 +89,27 @@ func (a *Arena) sealLoop() {
 	}
 }
 
-// sealQueued seals the queue empty, batch by batch.
+// sealSpan is a queued object taken to seal: where its seal and bytes lie.
+type sealSpan struct {
+	job      sealJob
+	end, off int64
+	size     int64
+	seal     uint64
+}
+
+// sealQueued seals the queue empty, batch by batch. The lock is taken and
+// released by deferred calls only: a fault in the arena's memory under it (a
+// truncated file) unwinds to the goroutine's guard with the lock released,
+// which breaking the arena needs.
 func (a *Arena) sealQueued() {
-	type span struct {
-		job      sealJob
-		end, off int64
-		size     int64
-		seal     uint64
-	}
-	var spans []span
+	var spans []sealSpan
 	for {
-		a.mu.Lock()
-		if a.broken() || a.seal.abandon || len(a.seal.queue) == 0 {
-			if len(a.seal.queue) == 0 {
-				a.seal.queue = nil // what a burst grew goes
-			}
-			a.mu.Unlock()
+		var mem []byte
+		var more bool
+		spans, mem, more = a.takeSeals(spans[:0])
+		if !more {
 			return
 		}
-		n := min(len(a.seal.queue), sealBatch)
-		spans = spans[:0]
-		for _, j := range a.seal.queue[:n] {
-			if r := a.rec(j.idx); a.sealableLocked(r, j.seq) {
-				spans = append(spans, span{job: j, end: a.slotEnd(r), off: a.bytesOff(r), size: r.size})
-			} else {
-				a.seal.skipped++
-			}
-		}
-		a.seal.queue = a.seal.queue[n:]
-		mem := a.mem
-		a.mu.Unlock()
-
 		start := time.Now()
 		for i := range spans {
 			s := &spans[i]
@@ -129,20 +119,47 @@ func (a *Arena) sealQueued() {
 		if h := a.cfg.sealHashed; h != nil {
 			h()
 		}
-
-		a.mu.Lock()
-		for _, s := range spans {
-			if a.broken() || !a.sealableLocked(a.rec(s.job.idx), s.job.seq) {
-				a.seal.skipped++
-				continue
-			}
-			*a.sealWord(s.end) = s.seal
-			a.seal.sealed++
-			a.seal.sealedBytes += s.size
-		}
-		a.seal.took += took
-		a.mu.Unlock()
+		a.storeSeals(spans, took)
 	}
+}
+
+// takeSeals takes the next batch of the queue into spans (those still
+// sealable) and the arena's memory; false when there is nothing to seal.
+func (a *Arena) takeSeals(spans []sealSpan) ([]sealSpan, []byte, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.broken() || a.seal.abandon || len(a.seal.queue) == 0 {
+		if len(a.seal.queue) == 0 {
+			a.seal.queue = nil // what a burst grew goes
+		}
+		return spans, nil, false
+	}
+	n := min(len(a.seal.queue), sealBatch)
+	for _, j := range a.seal.queue[:n] {
+		if r := a.rec(j.idx); a.sealableLocked(r, j.seq) {
+			spans = append(spans, sealSpan{job: j, end: a.slotEnd(r), off: a.bytesOff(r), size: r.size})
+		} else {
+			a.seal.skipped++
+		}
+	}
+	a.seal.queue = a.seal.queue[n:]
+	return spans, a.mem, true
+}
+
+// storeSeals stores the seals of spans whose objects are still the ones hashed.
+func (a *Arena) storeSeals(spans []sealSpan, took time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, s := range spans {
+		if a.broken() || !a.sealableLocked(a.rec(s.job.idx), s.job.seq) {
+			a.seal.skipped++
+			continue
+		}
+		*a.sealWord(s.end) = s.seal
+		a.seal.sealed++
+		a.seal.sealedBytes += s.size
+	}
+	a.seal.took += took
 }
 
 // sealableLocked reports whether r is still the large object committed with
