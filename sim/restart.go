@@ -101,8 +101,10 @@ type RestartReport struct {
 	HoldAt float64  `json:"hold_at"`
 	Held   Duration `json:"held"`
 	// ObjectsBefore is what the service held just before the signal;
-	// Recovered, Lost and LostEvicted are what the restarted one reports it
-	// found, dropped as damaged, and lost of the last evictions to the spill.
+	// Recovered, Lost, Unsealed and LostEvicted are what the restarted one
+	// reports it found, dropped as damaged, dropped as put in the last
+	// moments before a kill and not sealed yet, and lost of the last
+	// evictions to the spill.
 	ObjectsBefore int64 `json:"objects_before"`
 	// SpillBefore and SpillAfter are the objects the service's spill held
 	// just before the signal and once the restarted service was ready.
@@ -113,6 +115,7 @@ type RestartReport struct {
 	PreviousClean bool   `json:"previous_clean"`
 	Recovered     int64  `json:"recovered"`
 	Lost          int64  `json:"lost"`
+	Unsealed      int64  `json:"unsealed"`
 	LostEvicted   int64  `json:"lost_evicted"`
 	// L3HitTokens and BaselineL3HitTokens are the runs' L3 hits, Ratio the
 	// first over the second (goal RestartGoal). DownL3HitTokens and
@@ -306,7 +309,7 @@ func (r *restarter) finish(hits []L3HitAt) (*RestartReport, error) {
 	rs := &RestartReport{Mode: r.plan.Mode, At: r.plan.At, AtRequest: r.atRequest, Restarted: 1, ServiceRestarts: s.Restarts,
 		Down: Duration(r.back.Sub(r.signalled)), Ready: Duration(r.ready.Sub(r.signalled)),
 		ObjectsBefore: r.objectsBefore, Warm: s.Warm, ColdReason: s.ColdReason, PreviousClean: s.PreviousClean,
-		Recovered: s.Recovered, Lost: s.Lost, LostEvicted: s.LostEvicted, SpillBefore: r.spillBefore}
+		Recovered: s.Recovered, Lost: s.Lost, Unsealed: s.Unsealed, LostEvicted: s.LostEvicted, SpillBefore: r.spillBefore}
 	if r.st.Spill != nil {
 		rs.SpillAfter = r.st.Spill.Objects
 	}

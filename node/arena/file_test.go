@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"pgregory.net/rapid"
@@ -599,6 +600,14 @@ func runHelper() int {
 			}
 			fmt.Println("copied", k)
 			break
+		}
+	}
+	// Sealed before the kill: this test is about recovery, not about the
+	// moments a kill loses before the sealer (seal_test.go).
+	for deadline := time.Now().Add(10 * time.Second); a.Stats().Unsealed > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			fmt.Fprintln(os.Stderr, "the sealer did not seal two objects in 10 s")
+			return 2
 		}
 	}
 	fmt.Println("paused")
