@@ -34,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(os.path.dirname(HERE), "tests")
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, TESTS)
 sys.path.insert(0, os.path.join(TESTS, "vllm_real"))
 
 # Bytes per token of each model's KV, per worker: Llama-3.1-8B (MHA: K and V,
@@ -57,39 +58,12 @@ def cpu_name() -> str:
 
 
 def build_manager(rows: int, stride: int, tier: dict):
-    from vllm.v1.kv_offload.config import (
-        OffloadingCacheConfig,
-        OffloadingConfig,
-        OffloadingGroupConfig,
-        OffloadingModelConfig,
-        OffloadingParallelConfig,
-    )
+    """vLLM's real tiering manager over rows rows of stride bytes with tier."""
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+    from vllm_real.engine import offloading_config
 
-    cfg = OffloadingConfig(
-        groups=(OffloadingGroupConfig(16, ("l0",)),),
-        worker_kv_bytes_per_block=stride,
-        enable_kv_cache_events=False,
-        extra_config={
-            "spec_name": "TieringOffloadingSpec",
-            "cpu_bytes_to_use": rows * stride,
-            "secondary_tiers": [tier],
-        },
-        engine_id=f"strata-bench-{uuid.uuid4().hex[:10]}",
-        model=OffloadingModelConfig(name="bench", dtype="bfloat16"),
-        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
-        parallel=OffloadingParallelConfig(
-            rank=0,
-            world_size=1,
-            tp_size=1,
-            pp_size=1,
-            pcp_size=1,
-            dcp_size=1,
-            data_parallel_index=0,
-            data_parallel_size=1,
-            data_parallel_rank_local=None,
-            is_parallelism_agnostic=False,
-        ),
+    cfg = offloading_config(
+        f"strata-bench-{uuid.uuid4().hex[:10]}", rows, stride, tier, ("bench", "bfloat16"), False
     )
     return OffloadingSpecFactory.create_spec(cfg).get_manager()
 

@@ -329,22 +329,37 @@ class StrataTier(SecondaryTierManager):
         ok: List[bytes] = []
         for i in range(0, len(pairs), _CHUNK):
             chunk = pairs[i : i + _CHUNK]
-            try:
-                conn, (sid,) = self.client.resolve([self._seg])
-                items = [
-                    wire.Item(
-                        K.key_name(self.namespace, k),
-                        K.ROW_FORMAT,
-                        [wire.Range(sid, b * self._stride, self._stride)],
-                    )
-                    for k, b in chunk
-                ]
-                msg = wire.Put(items) if op == wire.PUT else wire.Get(items)
-                r = conn.call(msg, self.timeout)
-            except (StrataError, wire.Malformed, OSError):
+            r = self._call(op, chunk)
+            if r is None:
                 return ok
             ok += [k for (k, _), res in zip(chunk, r.results) if res.status == wire.OK]
         return ok
+
+    def _call(self, op, rows):
+        """One Put or Get of rows, (key, row in the registered segment); the
+        reply, or None when the call failed (the client warned)."""
+        try:
+            conn, (sid,) = self.client.resolve([self._seg])
+            items = [
+                wire.Item(
+                    K.key_name(self.namespace, k),
+                    K.ROW_FORMAT,
+                    [wire.Range(sid, b * self._stride, self._stride)],
+                )
+                for k, b in rows
+            ]
+            msg = wire.Put(items) if op == wire.PUT else wire.Get(items)
+            r = conn.call(msg, self.timeout)
+        except (StrataError, wire.Malformed, OSError):
+            return None
+        if len(r.results) != len(rows):
+            logger.warning(
+                "strata: the node service answered %d results for %d rows",
+                len(r.results),
+                len(rows),
+            )
+            return None
+        return r
 
     def _run_staged(self, pairs, op) -> List[bytes]:
         """The copy path: rows through the staging buffer, a buffer-full at a
@@ -357,19 +372,8 @@ class StrataTier(SecondaryTierManager):
                 rows = [b for _, b in chunk]
                 if op == wire.PUT:
                     st.buf[: len(chunk)] = self._rows[rows]
-                try:
-                    conn, (sid,) = self.client.resolve([self._seg])
-                    items = [
-                        wire.Item(
-                            K.key_name(self.namespace, k),
-                            K.ROW_FORMAT,
-                            [wire.Range(sid, j * self._stride, self._stride)],
-                        )
-                        for j, (k, _) in enumerate(chunk)
-                    ]
-                    msg = wire.Put(items) if op == wire.PUT else wire.Get(items)
-                    r = conn.call(msg, self.timeout)
-                except (StrataError, wire.Malformed, OSError):
+                r = self._call(op, [(k, j) for j, (k, _) in enumerate(chunk)])
+                if r is None:
                     return ok
                 for j, ((k, b), res) in enumerate(zip(chunk, r.results)):
                     if res.status == wire.OK:

@@ -23,7 +23,6 @@ def install():
         "Locality",
         "ReqContext",
         "LookupResult",
-        "OffloadPolicy",
         "RequestOffloadingContext",
         "ScheduleEndContext",
         "OffloadingEvent",

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from enum import Enum, auto
-from typing import Any, Collection, Dict, List, NamedTuple, Optional
+from collections import namedtuple
+from enum import Enum
+from typing import Any, Collection, Dict, List, Optional
 
 import numpy as np
 
@@ -19,14 +20,9 @@ def make_offload_key(block_hash: bytes, group: int) -> bytes:
     return bytes(block_hash) + group.to_bytes(4, "big")
 
 
-class Medium(Enum):
-    CPU = "CPU"
-    STORAGE = "STORAGE"
-
-
-class Locality(Enum):
-    LOCAL = "LOCAL"
-    REMOTE = "REMOTE"
+# The tier media and localities vLLM names (the values are their names).
+Medium = Enum("Medium", [(n, n) for n in ("CPU", "STORAGE")])
+Locality = Enum("Locality", [(n, n) for n in ("LOCAL", "REMOTE")])
 
 
 class TierFilter:
@@ -46,26 +42,19 @@ class ReqContext:
     load_tier_filter: TierFilter = field(default_factory=TierFilter)
 
 
-class LookupResult(Enum):
-    MISS = auto()
-    HIT = auto()
-    HIT_PENDING = auto()
-    RETRY = auto()
-
-
-class OffloadPolicy(Enum):
-    BLOCK_LEVEL = "block_level"
-    REQUEST_LEVEL = "request_level"
+# What a lookup answers: a miss, a hit, found but not readable yet, ask again.
+LookupResult = Enum("LookupResult", "MISS HIT HIT_PENDING RETRY")
 
 
 @dataclass
 class RequestOffloadingContext:
-    policy: OffloadPolicy = OffloadPolicy.BLOCK_LEVEL
+    """A tier's preference for a request; the model keeps only the default."""
+
+    policy: str = "block_level"
 
 
-class ScheduleEndContext(NamedTuple):
-    new_req_ids: Collection[str]
-    preempted_req_ids: Collection[str]
+# The scheduler's step: requests new this step, and those preempted.
+ScheduleEndContext = namedtuple("ScheduleEndContext", "new_req_ids preempted_req_ids")
 
 
 @dataclass

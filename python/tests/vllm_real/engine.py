@@ -42,37 +42,44 @@ class _Primary:
         return int(np.asarray(spec.block_ids)[0])
 
 
+def offloading_config(
+    engine_id: str, rows: int, stride: int, tier: dict, model=None, events: bool = True
+):
+    """vLLM's OffloadingConfig for a TieringOffloadingSpec of rows rows of
+    stride bytes with one secondary tier (its config dict), as vLLM builds it
+    for one worker."""
+    name, dtype = model or ("meta-llama/Llama-3.1-8B", "bfloat16")
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(16, tuple(f"model.layers.{i}.self_attn" for i in range(4))),),
+        worker_kv_bytes_per_block=stride,
+        enable_kv_cache_events=events,
+        extra_config={
+            "spec_name": "TieringOffloadingSpec",
+            "cpu_bytes_to_use": rows * stride,
+            "secondary_tiers": [tier],
+        },
+        engine_id=engine_id,
+        model=OffloadingModelConfig(name=name, dtype=dtype),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(
+            rank=0,
+            world_size=1,
+            tp_size=1,
+            pp_size=1,
+            pcp_size=1,
+            dcp_size=1,
+            data_parallel_index=0,
+            data_parallel_size=1,
+            data_parallel_rank_local=None,
+            is_parallelism_agnostic=False,
+        ),
+    )
+
+
 class RealEngine:
     def __init__(self, engine_id: str, rows: int, stride: int, tier_kwargs: dict, model=None):
-        name, dtype = model or ("meta-llama/Llama-3.1-8B", "bfloat16")
         tier = dict(tier_kwargs, type="StrataTier", module_path="strata_vllm")
-        cfg = OffloadingConfig(
-            groups=(
-                OffloadingGroupConfig(16, tuple(f"model.layers.{i}.self_attn" for i in range(4))),
-            ),
-            worker_kv_bytes_per_block=stride,
-            enable_kv_cache_events=True,
-            extra_config={
-                "spec_name": "TieringOffloadingSpec",
-                "cpu_bytes_to_use": rows * stride,
-                "secondary_tiers": [tier],
-            },
-            engine_id=engine_id,
-            model=OffloadingModelConfig(name=name, dtype=dtype),
-            cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
-            parallel=OffloadingParallelConfig(
-                rank=0,
-                world_size=1,
-                tp_size=1,
-                pp_size=1,
-                pcp_size=1,
-                dcp_size=1,
-                data_parallel_index=0,
-                data_parallel_size=1,
-                data_parallel_rank_local=None,
-                is_parallelism_agnostic=False,
-            ),
-        )
+        cfg = offloading_config(engine_id, rows, stride, tier, model)
         self.spec = OffloadingSpecFactory.create_spec(cfg)
         self.manager = self.spec.get_manager()
         self.tier = self.manager.secondary_tiers[0]
