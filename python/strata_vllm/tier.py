@@ -42,6 +42,8 @@ logger = logging.getLogger("strata_vllm")
 DEFAULT_SOCKET = "/run/strata/strata.sock"
 # Items per request: well inside the wire's limits for keys of any length.
 _CHUNK = 1024
+# Failed keys remembered at most (keys of about 100 bytes each).
+_MAX_FAILED = 1 << 16
 
 # The tier's counters, as vLLM's connector exports them (get_stats): metric
 # name, the stats key, what it counts.
@@ -115,7 +117,9 @@ class StrataTier(SecondaryTierManager):
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._reqs: Dict[str, _Req] = {}
-        self._failed: set = set()  # keys whose load failed: misses from now on
+        # Keys whose load failed: misses until stored again. Bounded: to forget
+        # one costs at most one more failed promotion.
+        self._failed: set = set()
         self._finished: List[JobResult] = []
         self._events: List[OffloadingEvent] = []
         self._inflight = 0  # jobs and lookups submitted and not finished
@@ -291,6 +295,7 @@ class StrataTier(SecondaryTierManager):
             done = len(ok_keys) == len(keys)
             with self._cond:
                 if op == wire.PUT:
+                    self._failed.difference_update(ok_keys)
                     self.stats["stored"] += len(ok_keys)
                     self.stats["written_bytes"] += len(ok_keys) * self._stride
                     if self._events_on and ok_keys:
@@ -305,6 +310,8 @@ class StrataTier(SecondaryTierManager):
                     for k in keys:
                         if k not in good:
                             self._failed.add(k)
+                    if len(self._failed) > _MAX_FAILED:
+                        self._failed.clear()
                     res = JobResult(
                         job_id=job.job_id,
                         success=done,

@@ -209,6 +209,11 @@ def test_a_failed_load_is_a_miss_from_then_on(serve, engines):
     finish(e)
     assert e.failed_jobs == 1 and ks[0] in e.primary and ks[1] not in e.primary
     assert e.tier.lookup(ks[1], ReqContext("later")) is LookupResult.MISS
+    # Stored again (another request computed it): found again.
+    e.write(ReqContext("again"), {ks[1]: block(ks[1])})
+    finish(e)
+    e.drop_primary()
+    settle(e, ReqContext("found-again"), ks[1:2], 1)
 
 
 def test_drain_reports_every_job_and_reset_is_exact(serve, engines):
