@@ -3,10 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/stratakv/strata/node"
 )
 
 func TestBenchHelpMentionsTiers(t *testing.T) {
@@ -105,5 +109,32 @@ func TestHelpGoesToStdoutWithEveryDefault(t *testing.T) {
 			}
 		}
 		check()
+	}
+}
+
+// inspect --json prints the service's 64-bit ids exactly: the content id an
+// operator compares across restarts was rounded to a float64's 17 digits.
+func TestInspectJSONKeepsEveryDigit(t *testing.T) {
+	sock := filepath.Join(shortDir(t), "s.sock")
+	cfg := node.DefaultConfig(sock)
+	cfg.ArenaBytes, cfg.Admin, cfg.ArenaFile = 8<<20, "", ""
+	srv, err := node.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	code, out, errs := runCLI(t, "", "inspect", "--json", "--socket", sock)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errs)
+	}
+	st := srv.Stats().Start
+	for _, id := range []uint64{st.ContentID, st.InstanceID} {
+		if want := strconv.FormatUint(id, 10); !strings.Contains(out, want) {
+			t.Fatalf("inspect --json does not show %s exactly:\n%s", want, out)
+		}
+	}
+	var v map[string]any
+	if err := json.Unmarshal([]byte(out), &v); err != nil || v["start"] == nil {
+		t.Fatalf("inspect --json is not the stats document (%v):\n%s", err, out)
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -33,13 +34,15 @@ func runInspect(ctx context.Context, args []string, _ io.Reader, stdout, stderr 
 		return err
 	}
 	if *asJSON {
-		var pretty strings.Builder
-		var v any
-		_ = json.Unmarshal(raw, &v)
-		enc := json.NewEncoder(&pretty)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(v)
-		_, err := io.WriteString(stdout, pretty.String())
+		// Indented as the service wrote it: decoding into any would make
+		// every number a float64 and round 64-bit ids (the content id
+		// operators compare across restarts) to 17 digits.
+		var pretty bytes.Buffer
+		if err := json.Indent(&pretty, raw, "", "  "); err != nil {
+			return fmt.Errorf("the node service's stats document is not JSON (%v): upgrade strata serve to this strata's release", err)
+		}
+		pretty.WriteByte('\n')
+		_, err := stdout.Write(pretty.Bytes())
 		return err
 	}
 	return writeInspect(stdout, st)
