@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"os"
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stratakv/strata/node"
 )
@@ -136,5 +139,38 @@ func TestInspectJSONKeepsEveryDigit(t *testing.T) {
 	var v map[string]any
 	if err := json.Unmarshal([]byte(out), &v); err != nil || v["start"] == nil {
 		t.Fatalf("inspect --json is not the stats document (%v):\n%s", err, out)
+	}
+}
+
+// An output file that cannot be written is refused before the bench runs,
+// with exit 2 naming the flag: /proc's mode says writable, yet it takes no
+// new file (the whole bench ran, then failed).
+func TestBenchRefusesAnUnwritableOutputBeforeRunning(t *testing.T) {
+	for flag, path := range map[string]string{"--json": "/proc/strata-bench-x.json", "--plot": "/proc/strata-bench-x.png"} {
+		start := time.Now()
+		code, _, errs := runCLI(t, "", "bench", flag, path, "--runs", "l1-only", "--rounds", "1")
+		if code != 2 || !strings.Contains(errs, flag) || !strings.Contains(errs, "cannot be created") {
+			t.Errorf("%s /proc/...: exit %d, stderr %q; want 2 naming %s", flag, code, errs, flag)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("%s: refused after %v: the bench ran first", flag, took)
+		}
+	}
+	dir := t.TempDir()
+	existing := filepath.Join(dir, "old.json")
+	if err := os.WriteFile(existing, []byte("keep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkOutputFile(existing); err != nil {
+		t.Fatalf("an existing writable file: %v", err)
+	}
+	if b, _ := os.ReadFile(existing); string(b) != "keep" {
+		t.Fatalf("the check changed an existing file: %q", b)
+	}
+	if err := checkOutputFile(filepath.Join(dir, "new.json")); err != nil {
+		t.Fatalf("a new file in a writable directory: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "new.json")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the check left the new file behind: %v", err)
 	}
 }

@@ -62,10 +62,29 @@ func benchPreflight(ctx context.Context, cfg sim.Config, jsonPath, plotPath stri
 // checkOutputFile reports whether path can be created: its directory exists and
 // is writable, and path itself is not a directory.
 func checkOutputFile(path string) error {
-	if st, err := os.Stat(path); err == nil && st.IsDir() {
+	st, err := os.Stat(path)
+	if err == nil && st.IsDir() {
 		return fmt.Errorf("%s is a directory; name a file", path)
 	}
-	return checkWritableDir(filepath.Dir(path))
+	if err := checkWritableDir(filepath.Dir(path)); err != nil {
+		return err
+	}
+	// A directory can be writable by its mode and still refuse files (/proc,
+	// /sys, a read-only mount): open the file for writing now, not after
+	// the run, without changing an existing one.
+	if err == nil {
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			return fmt.Errorf("%s cannot be written: %w", path, err)
+		}
+		return f.Close()
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("%s cannot be created: %w", path, err)
+	}
+	_ = f.Close()
+	return os.Remove(path)
 }
 
 // checkWritableDir reports whether dir is a directory this process can write.
