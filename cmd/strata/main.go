@@ -64,6 +64,15 @@ func main() {
 	os.Exit(code)
 }
 
+// commandName is the command args run, with its subcommand when it has one
+// (bench tiers, bench matrix): what the command's messages are prefixed with.
+func commandName(args []string) string {
+	if len(args) > 1 && args[0] == "bench" && (args[1] == "tiers" || args[1] == "matrix") {
+		return args[0] + " " + args[1]
+	}
+	return args[0]
+}
+
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// go-redis logs through one process-wide logger; route it into slog.
 	redis.SetLogger(redisstore.ClientLogger{})
@@ -90,10 +99,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		if ctx.Err() != nil {
 			// The user stopped it: what failed after that (a run canceled, an engine
 			// process killed) is the interruption, not an error of its own.
-			fmt.Fprintf(stderr, "strata %s: interrupted\n", args[0])
+			fmt.Fprintf(stderr, "strata %s: interrupted\n", commandName(args))
 			return exitInterrupted
 		}
-		fmt.Fprintf(stderr, "strata %s: %v\n", args[0], oneLine(err))
+		fmt.Fprintf(stderr, "strata %s: %v\n", commandName(args), oneLine(err))
 		if u := (usageError{}); errors.As(err, &u) {
 			return exitUsage
 		}

@@ -95,8 +95,10 @@ func TestBenchTiersBadFlagsExitTwo(t *testing.T) {
 		{[]string{"--backend", "node", "--engines", "65"}, "--engines: 65 engines at once"},
 	} {
 		code, out, errs := runCLI(t, "", append([]string{"bench", "tiers"}, c.args...)...)
-		if code != 2 || out != "" || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, c.msg) {
-			t.Errorf("bench tiers %v: exit %d, stdout %q, stderr %q (want 2 and one line naming %q)", c.args, code, out, errs, c.msg)
+		if code != 2 || out != "" || strings.Count(errs, "\n") != 1 || !strings.Contains(errs, c.msg) ||
+			!strings.HasPrefix(errs, "strata bench tiers: ") {
+			t.Errorf("bench tiers %v: exit %d, stdout %q, stderr %q (want 2 and one line, strata bench tiers: naming %q)",
+				c.args, code, out, errs, c.msg)
 		}
 	}
 	if code, help, _ := runCLI(t, "", "bench", "tiers", "-h"); code != 0 || !strings.Contains(help, "pages-per-batch") ||
