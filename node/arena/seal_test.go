@@ -43,6 +43,20 @@ func flip(t *testing.T, path string, dataOff, off int64, bit uint) {
 	}
 }
 
+// holdFirstSeal makes cfg's arena hold its sealer after it hashed its first
+// batch: entered says it is held, closing release lets it go on.
+func holdFirstSeal(cfg *Config) (entered, release chan struct{}) {
+	entered, release = make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	cfg.sealHashed = func() {
+		once.Do(func() {
+			entered <- struct{}{}
+			<-release
+		})
+	}
+	return entered, release
+}
+
 // untilSealed waits, within a bound, until the sealer has sealed every
 // object committed so far.
 func untilSealed(t *testing.T, a *Arena) {
@@ -171,14 +185,7 @@ func TestARestartNeverServesAFlippedBit(t *testing.T) {
 func TestAKillBeforeItsSealDropsTheObjectAndSaysSo(t *testing.T) {
 	path := filepath.Join(shmDir(t), "a")
 	cfg := fileConfig(t, path, 64<<20)
-	entered, release := make(chan struct{}, 1), make(chan struct{})
-	var once sync.Once
-	cfg.sealHashed = func() {
-		once.Do(func() {
-			entered <- struct{}{}
-			<-release
-		})
-	}
+	entered, release := holdFirstSeal(&cfg)
 	a := newArena(t, cfg)
 	put(t, a, "sealed", 1, 64<<10)
 	select {
@@ -225,14 +232,7 @@ func TestAKillBeforeItsSealDropsTheObjectAndSaysSo(t *testing.T) {
 func TestCloseSealsEveryObject(t *testing.T) {
 	path := filepath.Join(shmDir(t), "a")
 	cfg := fileConfig(t, path, 256<<20)
-	entered, release := make(chan struct{}, 1), make(chan struct{})
-	var once sync.Once
-	cfg.sealHashed = func() {
-		once.Do(func() {
-			entered <- struct{}{}
-			<-release
-		})
-	}
+	entered, release := holdFirstSeal(&cfg)
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -264,14 +264,7 @@ func TestCloseSealsEveryObject(t *testing.T) {
 func TestARemoveWhileTheSealerHashesIt(t *testing.T) {
 	path := filepath.Join(shmDir(t), "a")
 	cfg := fileConfig(t, path, 64<<20)
-	entered, release := make(chan struct{}, 1), make(chan struct{})
-	var once sync.Once
-	cfg.sealHashed = func() {
-		once.Do(func() {
-			entered <- struct{}{}
-			<-release
-		})
-	}
+	entered, release := holdFirstSeal(&cfg)
 	a := newArena(t, cfg)
 	put(t, a, "old", 1, 64<<10)
 	select {
