@@ -145,3 +145,21 @@ def doctor(
         conn.close()
     print(f"\nStart {engine} with:\n  " + start_with, file=out)
     return 0
+
+
+def main(prog: str, engine: str, run, argv=None) -> int:
+    """A plugin's command line, ``python -m <plugin> doctor --socket PATH``:
+    run(socket, timeout) is the plugin's doctor."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog=prog)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser(
+        "doctor",
+        help=f"check that {engine} can use the node service",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    d.add_argument("--socket", default="/run/strata/strata.sock", help="strata serve's socket")
+    d.add_argument("--timeout", type=float, default=5.0, help="seconds per check")
+    args = p.parse_args(argv)
+    return run(args.socket, args.timeout)

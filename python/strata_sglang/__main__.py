@@ -1,23 +1,14 @@
 """Command line: ``python -m strata_sglang doctor --socket PATH``."""
 
-import argparse
 import sys
+
+from strata_client.doctor import main as _main
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m strata_sglang")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser(
-        "doctor",
-        help="check that SGLang can use the node service",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    d.add_argument("--socket", default="/run/strata/strata.sock", help="strata serve's socket")
-    d.add_argument("--timeout", type=float, default=5.0, help="seconds per check")
-    args = p.parse_args(argv)
     from .doctor import doctor
 
-    return doctor(args.socket, args.timeout)
+    return _main("python -m strata_sglang", "SGLang", doctor, argv)
 
 
 if __name__ == "__main__":
