@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -108,6 +109,24 @@ func runPytest(t *testing.T, repo, bin, side string) {
 		t.Fatalf("pytest python/tests (%s side) failed (%v):\n%s", side, err, buf.String())
 	}
 	t.Logf("pytest python/tests, %s side: %s", side, lastLine(buf.Bytes()))
+	reportSkips(t, buf.Bytes())
+}
+
+// pytestSkip is one line of pytest's -rs summary: "SKIPPED [3]
+// python/tests/test_x.py:12: reason", how many tests one skip call skipped.
+var pytestSkip = regexp.MustCompile(`(?m)^SKIPPED \[(\d+)\] ([^:\s]+)(?::\d+)?: (.*)$`)
+
+// reportSkips makes each of pytest's skips a skipped subtest with its reason,
+// so that the test command's summary lists them beside Go's own: a pytest
+// module skipped whole (no SGLang copy, no redis-server) is otherwise only a
+// count in pytest's last line.
+func reportSkips(t *testing.T, out []byte) {
+	for _, m := range pytestSkip.FindAllSubmatch(out, -1) {
+		n, file, reason := string(m[1]), string(m[2]), string(m[3])
+		t.Run("pytest "+file, func(t *testing.T) {
+			t.Skipf("%s pytest test(s) skipped: %s", n, reason)
+		})
+	}
 }
 
 // lastLine returns the last non-empty line of out: pytest's summary, or the

@@ -201,18 +201,16 @@ func requireTool(t *testing.T, name, pkg string) string {
 }
 
 // systemd-analyze verify accepts the unit as shipped, warnings included, with
-// ExecStart on an executable strata (this test binary, which runs as strata);
-// and its offline security review rates the hardening "OK" or better.
+// ExecStart on the strata that `make install` installed (into a scratch
+// DESTDIR, the unit's path under it); and its offline security review rates
+// the hardening "OK" or better.
 func TestDeployUnitVerifies(t *testing.T) {
 	analyze := requireTool(t, "systemd-analyze", "systemd")
 	raw, err := os.ReadFile(unitPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin, err := filepath.Abs(os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := makeInstall(t)
 	unit := filepath.Join(t.TempDir(), "strata.service")
 	if err := os.WriteFile(unit, bytes.ReplaceAll(raw, []byte("ExecStart="+installedBin+" "), []byte("ExecStart="+bin+" ")), 0o644); err != nil {
 		t.Fatal(err)
