@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -121,10 +122,22 @@ var pytestSkip = regexp.MustCompile(`(?m)^SKIPPED \[(\d+)\] ([^:\s]+)(?::\d+)?: 
 // module skipped whole (no SGLang copy, no redis-server) is otherwise only a
 // count in pytest's last line.
 func reportSkips(t *testing.T, out []byte) {
+	// pytest lists a skip per test (per line of the file): one subtest per
+	// file and reason, with the tests it skipped counted.
+	type skip struct{ file, reason string }
+	var order []skip
+	count := map[skip]int{}
 	for _, m := range pytestSkip.FindAllSubmatch(out, -1) {
-		n, file, reason := string(m[1]), string(m[2]), string(m[3])
-		t.Run("pytest "+file, func(t *testing.T) {
-			t.Skipf("%s pytest test(s) skipped: %s", n, reason)
+		k := skip{string(m[2]), string(m[3])}
+		n, _ := strconv.Atoi(string(m[1]))
+		if _, seen := count[k]; !seen {
+			order = append(order, k)
+		}
+		count[k] += n
+	}
+	for _, k := range order {
+		t.Run("pytest "+k.file, func(t *testing.T) {
+			t.Skipf("%d pytest test(s) skipped: %s", count[k], k.reason)
 		})
 	}
 }
