@@ -29,6 +29,13 @@ func (s *Server) listenAdmin() error {
 		return fmt.Errorf("admin address %q (--admin) is not loopback: the admin port has no authentication, bind it to 127.0.0.1 or ::1: %w", s.cfg.Admin, ErrConfig)
 	}
 	if s.adminLn, err = net.Listen("tcp", s.cfg.Admin); err != nil {
+		if errors.Is(err, unix.EADDRINUSE) || errors.Is(err, unix.EACCES) || errors.Is(err, unix.EADDRNOTAVAIL) {
+			// A configuration that cannot work here (exit 2): the same
+			// start fails the same way until the port is freed or changed.
+			return fmt.Errorf("admin port %s (--admin): %v; another strata serve or program holds it: stop it, or give "+
+				"--admin a free loopback port (127.0.0.1:0 picks one, --admin '' turns the admin port off) and point "+
+				"Prometheus at it (deploy/prometheus/strata.yml scrapes 127.0.0.1:9470): %w", s.cfg.Admin, err, ErrConfig)
+		}
 		return fmt.Errorf("admin port (--admin): %w", err)
 	}
 	return nil

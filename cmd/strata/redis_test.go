@@ -238,7 +238,7 @@ func TestServeRemoteAndInspect(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	code, _, errs := runCLI(t, "", "serve", "--socket", filepath.Join(dir, "t"), "--remote", srv.Addr(), "--remote-queue", "0")
+	code, _, errs := runCLI(t, "", "serve", "--socket", filepath.Join(dir, "t"), "--admin", "", "--remote", srv.Addr(), "--remote-queue", "0")
 	if code != 2 || !strings.Contains(errs, "remote queue") {
 		t.Fatalf("--remote-queue 0: exit %d, stderr %q", code, errs)
 	}

@@ -55,13 +55,18 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 			return usagef("--arena-file %s: cannot create its directory: %v; create it, or choose a path on a tmpfs this user can write", s.cfg.ArenaFile, err)
 		}
 	}
-	raiseFDLimit(s.cfg.Logger)
+	fdLimit := raiseFDLimit(s.cfg.Logger)
 	srv, err := node.New(s.cfg)
 	if err != nil {
 		if configError(err) {
 			return usageError{err}
 		}
 		return err
+	}
+	// Said once the service started, so that a refused start prints its
+	// one line of error and nothing else.
+	if fdLimit > 0 {
+		s.cfg.Logger.Info("descriptor limit", "open_files", fdLimit)
 	}
 	st := srv.Stats().Start
 	arenaNote := "anonymous arena: a restart starts it empty"
@@ -88,21 +93,22 @@ func defaultArenaFile(socket string) string {
 // every client holds a socket and a descriptor per registered segment, and the
 // usual soft limit of 1024 runs out long before --max-clients does. (Go's
 // runtime does the same at start since 1.19; doing it here says so in the log
-// and does not depend on it.)
-func raiseFDLimit(log *slog.Logger) {
+// and does not depend on it.) It returns the limit now in force, 0 when it
+// could not be read or raised (which it logs).
+func raiseFDLimit(log *slog.Logger) uint64 {
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		log.Warn("cannot read the descriptor limit", "err", err)
-		return
+		return 0
 	}
 	if lim.Cur < lim.Max {
 		lim.Cur = lim.Max
 		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 			log.Warn("cannot raise the descriptor limit to its hard limit", "limit", lim.Cur, "err", err)
-			return
+			return 0
 		}
 	}
-	log.Info("descriptor limit", "open_files", lim.Cur)
+	return lim.Cur
 }
 
 // configError reports whether err, from starting the node service, means the
@@ -110,7 +116,7 @@ func raiseFDLimit(log *slog.Logger) {
 // or socket that cannot be used or that another service holds, an arena this
 // machine's memory cannot give.
 func configError(err error) bool {
-	for _, target := range []error{node.ErrConfig, storage.ErrConfig, wire.ErrInUse, arena.ErrConfig, arena.ErrFile, arena.ErrLocked, hostmem.ErrNoMemory} {
+	for _, target := range []error{node.ErrConfig, storage.ErrConfig, wire.ErrInUse, wire.ErrSocketPath, arena.ErrConfig, arena.ErrFile, arena.ErrLocked, hostmem.ErrNoMemory} {
 		if errors.Is(err, target) {
 			return true
 		}

@@ -52,9 +52,16 @@ const (
 	kindLevel    settingKind = "level"
 )
 
+// defaultAdmin is strata serve's admin port when --admin is not given.
+const defaultAdmin = "127.0.0.1:9470"
+
 func newServeSettings() *serveSettings {
 	s := &serveSettings{cfg: node.DefaultConfig("/run/strata/strata.sock"), settings: map[string]*setting{}}
 	c := &s.cfg
+	// A service an operator runs keeps its metrics where Prometheus looks
+	// (deploy/prometheus/strata.yml) across restarts; a service embedded in
+	// a bench or a test keeps node's default, a port of its own.
+	c.Admin = defaultAdmin
 	add := func(name, usage string, kind settingKind, set func(string) error, get func() string) {
 		s.settings[name] = &setting{usage: usage, kind: kind, set: set, get: get}
 	}
@@ -108,7 +115,7 @@ func newServeSettings() *serveSettings {
 		return nil
 	}, func() string { return fmt.Sprintf("%#o", c.SocketMode) })
 	str("socket-group", "group (name or id) the socket belongs to", &c.SocketGroup)
-	str("admin", "loopback address of the admin port (/healthz, /metrics, /stats); port 0 picks one; empty turns it off", &c.Admin)
+	str("admin", "loopback address of the admin port (/healthz, /metrics, /stats), where deploy/prometheus/strata.yml scrapes; refused when taken; port 0 picks one; empty turns it off", &c.Admin)
 	size("arena", "DRAM arena size, e.g. 4GiB", &c.ArenaBytes)
 	add("arena-file", "the arena's memory as a file on tmpfs or hugetlbfs, so that a restarted service (after a kill, a crash, an upgrade) finds its objects again; its tmpfs must hold --arena; one service per file; '' for anonymous memory, empty at every start. "+
 		"By default beside the socket (/run/strata/strata.sock: /run/strata/strata.arena), falling back to anonymous memory with a warning when that is no tmpfs large enough",

@@ -43,6 +43,10 @@ func runServeCLI(t *testing.T, args ...string) (int, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out, errb bytes.Buffer
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--admin") }) {
+		// Not the fixed default port, which another test may hold.
+		args = append([]string{"--admin", ""}, args...)
+	}
 	code := run(ctx, append([]string{"serve"}, args...), strings.NewReader(""), &out, &errb)
 	return code, errb.String()
 }

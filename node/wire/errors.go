@@ -16,6 +16,10 @@ var (
 	ErrClosed = errors.New("connection closed")
 	// ErrInUse: Listen found a service already listening on the socket path.
 	ErrInUse = errors.New("socket already in use")
+	// ErrSocketPath: Listen cannot make its socket at the path given (a
+	// read-only or foreign directory, a path too long, a file in the way):
+	// the same start fails the same way until the path changes.
+	ErrSocketPath = errors.New("cannot create the socket there")
 
 	// errBadCount: a reader returned a byte count outside its buffer (negative,
 	// or more than it was given), breaking io.Reader's contract. The frame

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -36,10 +37,10 @@ func Listen(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
 		mode = 0o600
 	}
 	if path == "" || path[0] == '@' {
-		return nil, fmt.Errorf("listen on %q: give a file path (abstract sockets have no permissions)", path)
+		return nil, fmt.Errorf("listen on %q: give a file path (abstract sockets have no permissions): %w", path, ErrSocketPath)
 	}
 	if len(path) > maxSocketPath {
-		return nil, fmt.Errorf("listen on %s: socket path is %d bytes, the kernel takes at most %d; use a shorter directory", path, len(path), maxSocketPath)
+		return nil, fmt.Errorf("listen on %s: socket path is %d bytes, the kernel takes at most %d; use a shorter directory: %w", path, len(path), maxSocketPath, ErrSocketPath)
 	}
 	if err := removeStale(path); err != nil {
 		return nil, err
@@ -53,6 +54,14 @@ func Listen(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
 		return nil, fmt.Errorf("listen on %s: socket: %w", path, err)
 	}
 	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		switch {
+		case errors.Is(err, unix.EROFS), errors.Is(err, unix.EACCES), errors.Is(err, unix.EPERM),
+			errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
+			_ = unix.Close(fd)
+			return nil, fmt.Errorf("listen on %s: bind: %v; this user cannot create a socket in %s: choose a socket path "+
+				"in a directory it can write (--socket; /run/strata under systemd's RuntimeDirectory, or $XDG_RUNTIME_DIR): %w",
+				path, err, filepath.Dir(path), ErrSocketPath)
+		}
 		return fail("bind", err, fd)
 	}
 	// Until listen(2), connections are refused, so nobody gets in under the
@@ -93,7 +102,7 @@ func removeStale(path string) error {
 		return fmt.Errorf("listen on %s: %w", path, err)
 	}
 	if fi.Mode().Type() != os.ModeSocket {
-		return fmt.Errorf("listen on %s: the path exists and is not a socket (%s); remove it or choose another path", path, fi.Mode().Type())
+		return fmt.Errorf("listen on %s: the path exists and is not a socket (%s); remove it or choose another path: %w", path, fi.Mode().Type(), ErrSocketPath)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
