@@ -28,7 +28,9 @@ import (
 // exitUsage is the status for a command line or configuration that cannot work.
 const exitUsage = 2
 
-// exitInterrupted is the status after SIGINT or SIGTERM, as shells report 128+SIGINT.
+// exitInterrupted is the status after SIGINT (and after SIGTERM for a command
+// that was not done), as shells report 128+SIGINT; strata serve stopped by
+// SIGTERM, its service manager's normal stop, exits 0.
 const exitInterrupted = 130
 
 // usageError marks an error in the caller's input (flags, stdin), not a failure of
@@ -52,16 +54,51 @@ func commands() map[string]command {
 		"keys":    {"print the page keys of token ids read from stdin", runKeys},
 		"serve":   {"run the node service: shared-memory L3 for the engines of a node", runServe},
 		"inspect": {"print a running node service's clients, segments, tiers and hit rates", runInspect},
+		"doctor":  {"check that SGLang and vLLM can use a node service, and print the flags that load their plugins", runDoctor},
 		"bench":   {"run the workload simulator or a storage benchmark", runBench},
 		"version": {"print the version", runVersion},
 	}
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// stoppedBy is the cause of main's context: the signal that stopped the
+// command, so that run can tell Ctrl-C (130) from a service manager's stop.
+type stoppedBy struct{ sig os.Signal }
+
+func (s stoppedBy) Error() string { return "stopped by " + s.sig.String() }
+
+// signalContext is canceled, with a stoppedBy cause, at the first SIGINT or
+// SIGTERM; a second one kills the process as the default handler would.
+func signalContext() (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-ch:
+			cancel(stoppedBy{sig})
+			signal.Stop(ch)
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(ch)
+		close(done)
+		cancel(nil)
+	}
+}
+
+// interrupted reports whether ctx was stopped by Ctrl-C (SIGINT).
+func interrupted(ctx context.Context) bool {
+	var s stoppedBy
+	return errors.As(context.Cause(ctx), &s) && s.sig == os.Interrupt
 }
 
 // commandName is the command args run, with its subcommand when it has one
@@ -107,6 +144,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return exitUsage
 		}
 		return 1
+	}
+	if interrupted(ctx) {
+		// A command that runs until stopped (serve) and stopped cleanly:
+		// Ctrl-C is an interruption as for every command; a service
+		// manager's SIGTERM is the normal end of a service (0).
+		return exitInterrupted
 	}
 	return 0
 }

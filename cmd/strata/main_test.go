@@ -1,10 +1,7 @@
 package main
 
 import (
-	"context"
 	"os"
-	"os/signal"
-	"syscall"
 	"testing"
 )
 
@@ -15,7 +12,7 @@ import (
 func TestMain(m *testing.M) {
 	if os.Getenv("STRATA_TEST_AS_MAIN") == "1" {
 		// As main does: SIGINT and SIGTERM end the command (serve shuts down).
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		ctx, stop := signalContext()
 		code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 		stop()
 		os.Exit(code)

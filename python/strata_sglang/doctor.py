@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -34,6 +35,27 @@ def _host_pool(size: int) -> int:
     return fd
 
 
+def _sglang_imports(socket_path: str):
+    """Whether the plugin's StrataStorage imports here, with SGLang's
+    HiCacheStorage interface: (ok, what, fix). A python with the plugin and
+    without SGLang (the system's python3 beside SGLang's environment) passes
+    every service check and still cannot load the plugin."""
+    try:
+        importlib.import_module(".storage", __package__)  # StrataStorage's: the import is the check
+    except Exception as e:  # noqa: BLE001 - ImportError, or what SGLang's own imports raise
+        return (
+            False,
+            f"SGLang's HiCache storage interface does not import in this python: "
+            f"{type(e).__name__}: {e}",
+            common.engine_fix("SGLang", "sglang", "strata_sglang", socket_path),
+        )
+    return (
+        True,
+        f"the plugin imports with SGLang's HiCache storage interface ({sys.executable})",
+        "",
+    )
+
+
 def doctor(socket_path: str, timeout: float = 5.0, out=sys.stdout) -> int:
     """Run the checks; print each; return the exit status (0 when all pass)."""
     return common.doctor(
@@ -44,4 +66,5 @@ def doctor(socket_path: str, timeout: float = 5.0, out=sys.stdout) -> int:
         _host_pool,
         "a shm host pool built the way SGLang builds it (an unsealed memfd)",
         sglang_flags(socket_path),
+        engine_check=lambda: _sglang_imports(socket_path),
     )

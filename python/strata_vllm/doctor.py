@@ -37,19 +37,22 @@ def _rows_file(size: int) -> int:
     return fd
 
 
-def doctor(socket_path: str, timeout: float = 5.0, out=sys.stdout) -> int:
+def _vllm_interface(socket_path: str):
+    """Whether vLLM's secondary-tier interface imports here and is one this
+    package knows: (ok, what, fix)."""
     try:
         from . import interface
     except ImportError as e:
-        print(
-            f"FAIL  {e}\n      fix: run the doctor with vLLM's python, where vLLM is installed",
-            file=out,
-        )
-        return 1
-    print(
-        f"ok    vLLM's secondary-tier interface is one strata_vllm knows (pinned {interface.PINNED[:8]})",
-        file=out,
+        return False, str(e), common.engine_fix("vLLM", "vllm", "strata_vllm", socket_path)
+    return (
+        True,
+        f"vLLM's secondary-tier interface is one strata_vllm knows (pinned {interface.PINNED[:8]})",
+        "",
     )
+
+
+def doctor(socket_path: str, timeout: float = 5.0, out=sys.stdout) -> int:
+    """Run the checks; print each; return the exit status (0 when all pass)."""
     return common.doctor(
         socket_path,
         timeout,
@@ -58,4 +61,5 @@ def doctor(socket_path: str, timeout: float = 5.0, out=sys.stdout) -> int:
         _rows_file,
         "a CPU-tier file built the way vLLM builds its rows (a 0600 file on /dev/shm)",
         kv_transfer_config(socket_path),
+        engine_check=lambda: _vllm_interface(socket_path),
     )

@@ -1,5 +1,7 @@
-"""The package builds and installs offline with what Debian ships, and its doctor
-passes from the install (not from this source tree) against a real strata serve."""
+"""The package builds and installs offline with what Debian ships, and its
+doctors, run as the README runs them (the venv's python, ``-m strata_sglang
+doctor``, ``-m strata_vllm doctor``), pass from the install (not from this
+source tree) against a real strata serve."""
 
 import glob
 import importlib.util
@@ -9,6 +11,7 @@ import subprocess
 import sys
 
 from conftest import PYTHON_DIR, need
+from test_doctor import engine_site
 
 
 def run(cmd, cwd, env):
@@ -46,23 +49,35 @@ def test_wheel_builds_and_installs_offline_and_its_doctor_passes(serve, tmp_path
         [py, "-c", "import strata_sglang; print(strata_sglang.__file__)"], str(tmp_path), env
     )
     assert where.stdout.startswith(venv), where.stdout  # the install, not the source tree
-    r = subprocess.run(
-        [py, "-m", "strata_sglang", "doctor", "--socket", serve.socket],
-        cwd=str(tmp_path),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "same bytes" in r.stdout
+    # The doctors exactly as the README runs them: the venv's python, -m.
+    # This venv has neither engine: each says so, names this python, and
+    # still runs the service's checks.
+    for module, engine in (("strata_sglang", "SGLang"), ("strata_vllm", "vLLM")):
+        r = doctor(env, tmp_path, py, "-m", module, "doctor", "--socket", serve.socket)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert f"this python ({py}) is not the one {engine} runs with" in r.stdout, r.stdout
+        assert "same bytes" in r.stdout and f"Start {engine} with" not in r.stdout, r.stdout
+    # With the engines (the project's models of them, from a folder with no
+    # plugin code: the plugin is still the installed one), both pass.
+    env = dict(env, PYTHONPATH=engine_site(tmp_path))
+    for module, engine in (("strata_sglang", "SGLang"), ("strata_vllm", "vLLM")):
+        r = doctor(env, tmp_path, py, "-m", module, "doctor", "--socket", serve.socket)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "same bytes" in r.stdout and f"Start {engine} with" in r.stdout, r.stdout
+        assert "FAIL" not in r.stdout, r.stdout
     # The console script too.
-    r = subprocess.run(
-        [os.path.join(venv, "bin", "strata-sglang"), "doctor", "--socket", serve.socket],
-        cwd=str(tmp_path),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    r = doctor(
+        env,
+        tmp_path,
+        os.path.join(venv, "bin", "strata-sglang"),
+        "doctor",
+        "--socket",
+        serve.socket,
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def doctor(env, cwd, *cmd):
+    return subprocess.run(
+        list(cmd), cwd=str(cwd), env=env, capture_output=True, text=True, timeout=120
+    )
