@@ -78,8 +78,11 @@ func (b *Backend) batch(ctx context.Context, t wire.Type, poolName string, keys 
 		// Send encoded the request before callOn returned: nothing refers to
 		// its buffers any more.
 		rb.recycle(&b.reqs)
-		if errors.Is(err, errStale) && attempt == 0 {
-			continue // rebuild it with the new connection's segment ids
+		if errors.Is(err, errStale) {
+			if attempt == 0 {
+				continue // rebuild it with the new connection's segment ids
+			}
+			b.conns.refused.Add(1) // never sent: its connection went twice
 		}
 		if err != nil {
 			return storage.FailAll(len(keys), err)

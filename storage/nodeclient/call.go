@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -42,6 +43,9 @@ func (b *Backend) readLoop(conn *wire.Conn) {
 				if b.ready {
 					b.ready = false
 					b.up = make(chan struct{})
+					if !b.closed {
+						b.lostLocked(time.Now())
+					}
 				}
 			}
 			l := b.links[conn]
@@ -123,6 +127,7 @@ func (b *Backend) callOn(ctx context.Context, conn *wire.Conn, t wire.Type, msg 
 	switch {
 	case b.conn == nil:
 		b.mu.Unlock()
+		b.conns.refused.Add(1)
 		return nil, fmt.Errorf("node client: not connected to %s (reconnecting): %w", b.cfg.Socket, storage.ErrUnavailable)
 	case conn == nil:
 		conn = b.conn
@@ -169,11 +174,13 @@ func (b *Backend) callOn(ctx context.Context, conn *wire.Conn, t wire.Type, msg 
 		if errors.Is(err, wire.ErrMalformed) {
 			return nil, fmt.Errorf("node client: %w: %w", err, storage.ErrBatch)
 		}
+		b.conns.lost.Add(1)
 		return nil, fmt.Errorf("node client: send: %w: %w", err, storage.ErrUnavailable)
 	}
 	select {
 	case r := <-ch:
 		if r.lost {
+			b.conns.lost.Add(1)
 			gaveUp()
 		} else {
 			l.release(slot)

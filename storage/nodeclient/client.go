@@ -85,6 +85,8 @@ type Backend struct {
 	// counts the reconnections that found it changed (ContentEpoch).
 	content      atomic.Uint64
 	contentEpoch atomic.Uint64
+	// conns counts losses, reconnects, failed calls and outages (stats.go).
+	conns connCounters
 
 	life context.Context // canceled by Close: ends the connector's waits and handshakes
 	end  context.CancelFunc

@@ -23,7 +23,8 @@ func (b *Backend) connector() {
 		if err == nil {
 			backoff = b.cfg.ReconnectMin
 			<-dead // the connection failed (or Close closed it)
-		} else if !errors.Is(err, storage.ErrClosed) {
+		} else if !errors.Is(err, storage.ErrClosed) && b.life.Err() == nil {
+			b.conns.dialFailures.Add(1)
 			b.log.Debug("node client: cannot reach the node service", "socket", b.cfg.Socket, "err", err)
 		}
 		select {
@@ -147,6 +148,7 @@ func (b *Backend) connect() (chan struct{}, error) {
 		b.ready = true
 		epoch = b.epoch.Add(1)
 		close(b.up)
+		b.backLocked(time.Now())
 	}
 	b.mu.Unlock()
 	if emptied {

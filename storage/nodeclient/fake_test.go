@@ -32,6 +32,9 @@ type fakeService struct {
 	onRegister func(n int, name string) (drop bool)
 	// segmentID is the id connection n gives pool name's segment.
 	segmentID func(n int, name string) uint32
+	// onBatch runs when connection n has received a Put or Get, before the
+	// reply; drop true closes the connection instead of answering.
+	onBatch func(n int) (drop bool)
 
 	mu         sync.Mutex
 	closed     bool
@@ -52,6 +55,7 @@ func startFake(t *testing.T, socket string) *fakeService {
 		onHello:    func(int) {},
 		onRegister: func(int, string) bool { return false },
 		segmentID:  func(n int, name string) uint32 { return 0 },
+		onBatch:    func(int) bool { return false },
 	}
 	t.Cleanup(f.close)
 	return f
@@ -123,6 +127,9 @@ func (f *fakeService) session(n int, conn *wire.Conn) {
 			rt, reply = wire.TypeExistsReply, wire.ExistsReply{}
 		case *wire.Put:
 			f.check(n, m.Items)
+			if f.onBatch(n) {
+				return
+			}
 			rt, reply = wire.TypeBatchReply, wire.BatchReply{Results: make([]wire.Result, len(m.Items))}
 		case *wire.Get:
 			f.check(n, m.Items)

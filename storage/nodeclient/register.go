@@ -178,6 +178,7 @@ func (b *Backend) pool(name string) (*poolReg, uint32, *wire.Conn, error) {
 	case p.refused != nil && p.conn == b.conn:
 		return nil, 0, nil, fmt.Errorf("node client: pool %q: %w: %w", name, p.refused, storage.ErrNotRegistered)
 	case b.conn == nil || p.conn != b.conn || p.segment == 0:
+		b.conns.refused.Add(1)
 		return nil, 0, nil, fmt.Errorf("node client: not connected to %s (reconnecting): %w", b.cfg.Socket, storage.ErrUnavailable)
 	}
 	return p, p.segment, b.conn, nil
