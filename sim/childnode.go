@@ -166,6 +166,17 @@ func (c *childNode) stats(ctx context.Context) (node.Stats, error) {
 	return st, json.Unmarshal(reply.JSON, &st)
 }
 
+// statsFor is c.stats, through cfg.startStats when a test set it.
+func (c *childNode) statsFor(cfg Config) func(context.Context) (node.Stats, error) {
+	return func(ctx context.Context) (node.Stats, error) {
+		st, err := c.stats(ctx)
+		if err == nil && cfg.startStats != nil {
+			st = cfg.startStats(st)
+		}
+		return st, err
+	}
+}
+
 // waitReady polls the service's stats until its start is over (its arena
 // file's objects recovered), within timeout.
 func (c *childNode) waitReady(ctx context.Context, timeout time.Duration) (node.Stats, error) {

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/stratakv/strata/hicache"
+	"github.com/stratakv/strata/node"
 	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 	"github.com/stratakv/strata/radix"
@@ -192,6 +193,13 @@ type Config struct {
 	// replays it in real time (engineSim.pace).
 	holdAt float64
 	paced  bool
+
+	// startStats, when set (tests), rewrites the stats the bench reads of a
+	// node service it started while it waits for it to be ready (warmup.go),
+	// and beforeReplay runs as a run's replay is about to begin, its L3
+	// service ready.
+	startStats   func(node.Stats) node.Stats
+	beforeReplay func(run string)
 
 	// overlongServed, when set, makes the hicache runs' matches one page too
 	// long where a request diverges inside a cached span (overlongMatch), and

@@ -181,6 +181,7 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, name st
 		if cfg.NodeSocket != "" {
 			sockets = []string{cfg.NodeSocket}
 		}
+		started := time.Now()
 		for len(sockets) < nodes {
 			srv, dir, err := startEmbeddedNode(cfg, log)
 			if err != nil {
@@ -189,6 +190,13 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, name st
 			defer func() { _ = srv.Close(); _ = os.RemoveAll(dir) }()
 			sockets = append(sockets, srv.Socket())
 			servers = append(servers, srv)
+		}
+		if len(servers) > 0 {
+			w, err := cfg.awaitEmbedded(ctx, started, servers...)
+			if err != nil {
+				return rr, err
+			}
+			rr.Warmup = w
 		}
 	}
 	wcfg, err := json.Marshal(gen)
@@ -200,6 +208,9 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, name st
 		if bin, err = os.Executable(); err != nil {
 			return rr, fmt.Errorf("find the strata binary to start engines with: %w", err)
 		}
+	}
+	if cfg.beforeReplay != nil {
+		cfg.beforeReplay(name)
 	}
 	start := time.Now()
 	results := make([]*EngineResult, engines)
@@ -305,6 +316,7 @@ func runEngines(ctx context.Context, cfg Config, gen workload.Generator, name st
 			}
 			l3.Refills += r.L3.Refills
 			l3.RefillPages += r.L3.RefillPages
+			l3.Outage = l3.Outage.add(r.L3.Outage)
 		}
 	}
 	rr.L3 = l3

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -14,8 +13,6 @@ import (
 	"github.com/stratakv/strata/hicache"
 	"github.com/stratakv/strata/hostmem"
 	"github.com/stratakv/strata/kvlayout"
-	"github.com/stratakv/strata/node"
-	"github.com/stratakv/strata/node/redisremote"
 	"github.com/stratakv/strata/pagekey"
 	"github.com/stratakv/strata/pool"
 	"github.com/stratakv/strata/storage"
@@ -34,6 +31,7 @@ type hicacheRun struct {
 	host     *pool.Group
 	backend  storage.Backend
 	cleanup  func() error // removes a temporary L3 directory
+	warmup   *Warmup      // the embedded node service's start, waited out
 	ps       int
 	l1Pages  int
 	l3       string
@@ -71,7 +69,7 @@ func newHicacheRun(cfg Config, withL2, withL3 bool) (h *hicacheRun, err error) {
 		log = slog.Default()
 	}
 	if withL3 && cfg.L3 != L3None {
-		if h.backend, h.cleanup, err = newBackend(cfg, log); err != nil {
+		if h.backend, h.cleanup, h.warmup, err = newBackend(cfg, log); err != nil {
 			return h, err
 		}
 		h.l3 = cfg.L3
@@ -120,15 +118,17 @@ func newHicacheRun(cfg Config, withL2, withL3 bool) (h *hicacheRun, err error) {
 	return h, nil
 }
 
-// newBackend opens the configured L3 backend; cleanup removes what the bench made.
-func newBackend(cfg Config, log *slog.Logger) (storage.Backend, func() error, error) {
+// newBackend opens the configured L3 backend; cleanup removes what the bench
+// made. A node service it starts is ready when it returns (warmup says how
+// its start went).
+func newBackend(cfg Config, log *slog.Logger) (storage.Backend, func() error, *Warmup, error) {
 	switch cfg.L3 {
 	case L3File:
 		dir, cleanup := cfg.L3Dir, func() error { return nil }
 		if dir == "" {
 			tmp, err := os.MkdirTemp("", "strata-bench-l3-")
 			if err != nil {
-				return nil, nil, fmt.Errorf("L3 directory: %w", err)
+				return nil, nil, nil, fmt.Errorf("L3 directory: %w", err)
 			}
 			dir, cleanup = tmp, func() error { return cfg.cleanup.remove(tmp) }
 		}
@@ -139,65 +139,45 @@ func newBackend(cfg Config, log *slog.Logger) (storage.Backend, func() error, er
 		}
 		b, err := file.New(fc)
 		if err != nil {
-			return nil, nil, errors.Join(err, cleanup())
+			return nil, nil, nil, errors.Join(err, cleanup())
 		}
-		return b, cleanup, nil
+		return b, cleanup, nil, nil
 	case L3Node:
 		socket, cleanup := cfg.NodeSocket, func() error { return nil }
+		var warmup *Warmup
 		if socket == "" {
+			started := time.Now()
 			srv, dir, err := startEmbeddedNode(cfg, log)
 			if err != nil {
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
 			socket = srv.Socket()
 			cleanup = func() error { return errors.Join(srv.Close(), cfg.cleanup.remove(dir)) }
+			if warmup, err = cfg.awaitEmbedded(context.Background(), started, srv); err != nil {
+				return nil, nil, nil, errors.Join(err, cleanup())
+			}
 		}
 		nc := nodeclient.DefaultConfig(socket)
 		nc.ClientName = fmt.Sprintf("strata-bench-%d", os.Getpid())
 		nc.Logger = log
 		b, err := nodeclient.New(nc)
 		if err != nil {
-			return nil, nil, errors.Join(err, cleanup())
+			return nil, nil, nil, errors.Join(err, cleanup())
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := b.WaitConnected(ctx); err != nil {
-			return nil, nil, errors.Join(fmt.Errorf("node service at %s: %w", socket, err), b.Close(), cleanup())
+			return nil, nil, nil, errors.Join(fmt.Errorf("node service at %s: %w", socket, err), b.Close(), cleanup())
 		}
-		return b, func() error { return cleanup() }, nil
+		return b, func() error { return cleanup() }, warmup, nil
 	case L3Redis:
 		b, err := openRedis(cfg, log)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return b, func() error { return nil }, nil
+		return b, func() error { return nil }, nil, nil
 	}
-	return nil, nil, fmt.Errorf("L3 backend %q: %w", cfg.L3, ErrConfig)
-}
-
-// startEmbeddedNode runs a node service in this process, on a socket and with an
-// SSD spill directory in a fresh temporary directory, writing through to
-// cfg.Redis when it is set.
-func startEmbeddedNode(cfg Config, log *slog.Logger) (*node.Server, string, error) {
-	dir, err := os.MkdirTemp("", "strata-node-")
-	if err != nil {
-		return nil, "", fmt.Errorf("node service directory: %w", err)
-	}
-	nc := node.DefaultConfig(filepath.Join(dir, "strata.sock"))
-	nc.Admin = ""
-	nc.ArenaBytes = cfg.NodeArenaBytes
-	nc.SpillDir = filepath.Join(dir, "spill")
-	if cfg.NodeSpillBytes > 0 {
-		nc.SpillBytes = cfg.NodeSpillBytes
-	}
-	nc.RemoteAddrs = cfg.Redis
-	nc.OpenRemote = redisremote.Open
-	nc.Logger = log
-	srv, err := node.New(nc)
-	if err != nil {
-		return nil, "", errors.Join(err, os.RemoveAll(dir))
-	}
-	return srv, dir, nil
+	return nil, nil, nil, fmt.Errorf("L3 backend %q: %w", cfg.L3, ErrConfig)
 }
 
 // arrive starts the request's L3 prefetch, unless one is under way. Called again
@@ -448,6 +428,7 @@ func (h *hicacheRun) report(r *RunReport) {
 		Faults:      s.L3.Faults,
 		Refills:     s.L3.Refills,
 		RefillPages: s.L3.RefillPages,
+		Outage:      outageOf(h.backend),
 	}
 	for _, p := range s.L3.Pools {
 		l3.Pools = append(l3.Pools, PoolL3Status{Pool: p.Pool, Enabled: p.Enabled, Reason: p.Reason})

@@ -130,6 +130,10 @@ type RunReport struct {
 	CrossNodeHitTokens int64 `json:"cross_node_hit_tokens,omitempty"`
 	// Remote is the node services' remote tier activity, summed; nil without one.
 	Remote *RemoteReport `json:"remote,omitempty"`
+	// Warmup is the start of the node services the bench started for the
+	// run, which it waited out before the run (warmup.go); nil when it
+	// started none.
+	Warmup *Warmup `json:"warmup,omitempty"`
 	// Elapsed is the wall time of the run.
 	Elapsed Duration `json:"elapsed"`
 
@@ -197,6 +201,9 @@ type L3Report struct {
 	RefillPages int64 `json:"refill_pages,omitempty"`
 	// Pools is the L3 status of each pool of the group.
 	Pools []PoolL3Status `json:"pools"`
+	// Outage is what the L3 client saw of its connection to the node
+	// service (outage.go); nil for the other backends.
+	Outage *L3Outage `json:"outage,omitempty"`
 }
 
 // RemoteReport is the node services' write-through to Redis during a run, in

@@ -186,11 +186,21 @@ func runRestartExperiment(ctx context.Context, cfg Config, gen workload.Generato
 // runOnChild runs the strata run against a child node service, restarting
 // it as plan says when plan is not nil.
 func runOnChild(ctx context.Context, cfg Config, name string, gen workload.Generator, trace workload.Trace, maxPages int, log *slog.Logger, plan *RestartPlan) (rr RunReport, rs *RestartReport, err error) {
+	begun := time.Now()
 	child, err := startChildNode(ctx, cfg)
 	if err != nil {
 		return rr, nil, err
 	}
 	defer func() { err = errors.Join(err, child.close()) }()
+	// The run starts once the service is ready, as on an embedded one
+	// (warmup.go); the restarted service is not waited for: its start is
+	// what the experiment measures.
+	st, err := awaitReady(ctx, "the node service (strata serve) at "+child.socket, child.statsFor(cfg))
+	if err != nil {
+		return rr, nil, err
+	}
+	warmup := warmupOf(begun, st)
+	defer func() { rr.Warmup = warmup }()
 	// Both runs replay the trace in real time, so that the outage meets the
 	// requests that arrive while it lasts (engineSim.pace).
 	cfg.NodeSocket, cfg.Restart, cfg.paced, cfg.trackL3Hits = child.socket, RestartPlan{}, true, true

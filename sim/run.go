@@ -81,6 +81,9 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 			note(n)
 		}
 	}
+	if err := cfg.checkNodeRoom(cfg.Runs); err != nil {
+		return nil, err
+	}
 	// The load is taken against the engine as sized: L1 bounds how many requests
 	// run at once.
 	capacity := cfg.capacityOf(trace)
@@ -232,6 +235,9 @@ func runOne(ctx context.Context, cfg Config, name string, trace workload.Trace, 
 		}
 		var hr *hicacheRun
 		hr, err = newHicacheRun(cfg, true, true)
+		if err == nil {
+			rr.Warmup = hr.warmup
+		}
 		if err == nil && cfg.L3Warm && hr.backend != nil {
 			// Count the L3 hits of pages this run never computed: what the L3
 			// held before it started.
@@ -246,6 +252,9 @@ func runOne(ctx context.Context, cfg Config, name string, trace workload.Trace, 
 	progress := cfg.Progress
 	if progress == nil {
 		progress = NewProgress(discard{}, false)
+	}
+	if cfg.beforeReplay != nil {
+		cfg.beforeReplay(name)
 	}
 	progress.Start(name, len(trace.Requests))
 	var hold *reconnectHold

@@ -77,6 +77,9 @@ func (r *Report) writeHeader(buf *bytes.Buffer) {
 		l3 += ", writing through to Redis (" + r.Redis + ")"
 	}
 	fmt.Fprintf(tw, "L3\t%s\n", l3)
+	if w := r.describeWarmups(); w != "" {
+		fmt.Fprintf(tw, "warm-up\t%s\n", w)
+	}
 	if r.Concurrent > 0 {
 		fmt.Fprintf(tw, "replay\tconcurrent: %d goroutines, no wait for copies between requests (hits vary run to run)\n", r.Concurrent)
 	}
@@ -234,6 +237,9 @@ func (r *Report) writeRunNotes(buf *bytes.Buffer) {
 		}
 		if run.L3 != nil {
 			notes = append(notes, run.Name+": "+describeL3(run.L3))
+			if o := describeOutage(run.L3.Outage); o != "" {
+				notes = append(notes, run.Name+": "+o)
+			}
 			if extra := run.L3.PrefetchedTokens - run.HitTokens.L3; extra > 0 {
 				// L3 read bytes beside few L3 hits looks like waste; say where they went.
 				notes = append(notes, fmt.Sprintf("%s: prefetches fetched %s tokens from L3 into L2; %s were L3 hits of the request that prefetched them, "+

@@ -198,11 +198,16 @@ func runBench(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	cfg.FitL1 = !flagSet(fs, "l1-tokens")
 	// Without sizes given, the bench sizes itself to this machine's memory and disk.
 	cfg.FitMachine = !flagSet(fs, "l1-tokens") && !flagSet(fs, "l2-ratio") && !flagSet(fs, "node-arena")
+	cfg.Machine.AvailableMemory = benchAvailableMemory
 	if err := cfg.Validate(); err != nil {
 		return usageError{err}
 	}
-	// Check every path, address and socket before the first run, not after it.
+	// Check every path, address and socket before the first run, not after
+	// it, and the node services the bench starts against this machine.
 	if err := benchPreflight(ctx, cfg, *jsonPath, *plotPath); err != nil {
+		return err
+	}
+	if err := checkBenchNodes(ctx, cfg); err != nil {
 		return err
 	}
 	cfg.Progress = sim.NewProgress(stderr, isTerminalWriter(stderr))

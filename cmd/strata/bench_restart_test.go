@@ -50,6 +50,19 @@ func TestBenchRestartNode(t *testing.T) {
 					HitTokens    struct {
 						L3 int64 `json:"l3"`
 					} `json:"hit_tokens"`
+					L3 *struct {
+						Outage *struct {
+							Disconnects  int64   `json:"disconnects"`
+							Reconnects   int64   `json:"reconnects"`
+							RefusedCalls int64   `json:"refused_calls"`
+							LostCalls    int64   `json:"lost_calls"`
+							Unreachable  float64 `json:"unreachable"`
+						} `json:"outage"`
+					} `json:"l3"`
+					Warmup *struct {
+						ArenaBytes int64   `json:"arena_bytes"`
+						Took       float64 `json:"took"`
+					} `json:"warmup"`
 				} `json:"runs"`
 				Restart *struct {
 					Mode        string  `json:"mode"`
@@ -81,6 +94,23 @@ func TestBenchRestartNode(t *testing.T) {
 				if r.CorruptPages != 0 || r.Verified == 0 {
 					t.Fatalf("run %s: %d corrupt of %d verified pages", r.Name, r.CorruptPages, r.Verified)
 				}
+				// Each run began on a ready service, its warm-up reported.
+				if r.Warmup == nil || r.Warmup.ArenaBytes != 64<<20 || r.Warmup.Took <= 0 {
+					t.Fatalf("run %s: warm-up %+v", r.Name, r.Warmup)
+				}
+			}
+			// The engines saw the service go and come back: the outage is
+			// counted, in the JSON and on a line of its own, whatever the
+			// cache's faults say.
+			if l3 := rep.Runs[1].L3; l3 == nil || l3.Outage == nil || l3.Outage.Disconnects == 0 || l3.Outage.Reconnects == 0 ||
+				l3.Outage.Unreachable <= 0 {
+				t.Fatalf("run %s: L3 outage %+v", rep.Runs[1].Name, l3)
+			}
+			if o := rep.Runs[0].L3.Outage; o == nil || o.Disconnects != 0 || o.Unreachable != 0 {
+				t.Fatalf("the run without a restart saw an outage: %+v", o)
+			}
+			if !regexp.MustCompile(`(?m)^strata-` + tc.mode + `: L3 outage: the node service was unreachable for \d+\.\d ms[^;]*; \d+ connections? lost, \d+ reconnects?`).MatchString(out) {
+				t.Fatalf("no outage line for the restarted run:\n%s", out)
 			}
 			if rs.Mode != tc.mode || rs.Restarted != 1 || rs.Down <= 0 {
 				t.Fatalf("restart %+v", *rs)
