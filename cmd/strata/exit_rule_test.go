@@ -44,6 +44,7 @@ func TestExitRuleEveryCommand(t *testing.T) {
 		{"keys bad page size", "1 2", []string{"keys", "--page-size", "0"}, 2, []string{"strata keys:", "page-size"}},
 		{"version argument", "", []string{"version", "extra"}, 2, []string{"strata version:", `"extra"`}},
 		{"bench nodes", "", []string{"bench", "--nodes", "0"}, 2, []string{"strata bench:", "--nodes 0"}},
+		{"bench node arena too big", "", []string{"bench", "--node-arena", "64TiB"}, 2, []string{"strata bench:", "--node-arena"}},
 		{"bench json unwritable", "", []string{"bench", "--json", "/proc/strata-test.json"}, 2, []string{"strata bench:", "--json"}},
 		{"bench tiers flag", "", []string{"bench", "tiers", "--bogus"}, 2, []string{"strata bench tiers:", "-bogus"}},
 		{"bench matrix flag", "", []string{"bench", "matrix", "--bogus"}, 2, []string{"strata bench matrix:", "-bogus"}},
