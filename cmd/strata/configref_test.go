@@ -67,7 +67,7 @@ unit in ` + "`deploy/systemd/`" + ` reads).
 	for _, k := range names {
 		fmt.Fprintf(&b, "| %s | %s |\n", k, mdCell(settingKind(k).jsonWant()))
 	}
-	b.WriteString("\nSizes are bytes, or a number with a unit: KiB, MiB, GiB, TiB (or K, M, G, T) are powers of 1024,\nKB, MB, GB, TB powers of 1000 (`4GiB`, `1.5TB`). Durations are Go's (`10s`, `5m`, `1h30m`).\n")
+	b.WriteString("\n" + sizeUnitsDoc + " Durations are Go's (`10s`, `5m`, `1h30m`).\n")
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -13,7 +13,7 @@ import (
 
 // fromJSON turns a config file's value into the text the setting's flag takes.
 // It accepts the types a person writes: a string for anything (as on the
-// command line), numbers for numbers and sizes (bytes), booleans for switches,
+// command line), numbers for numbers and sizes (whole bytes), booleans for switches,
 // an array of addresses for --remote and an array of arrays of uids (or user
 // names) for --tenant-groups.
 func (st *setting) fromJSON(v any) (string, error) {
@@ -22,7 +22,9 @@ func (st *setting) fromJSON(v any) (string, error) {
 		return v, nil
 	case json.Number:
 		switch st.kind {
-		case kindSize, kindInt, kindFloat, kindMode, kindString, kindGroups:
+		case kindSize:
+			return sizeFromJSON(v)
+		case kindInt, kindFloat, kindMode, kindString, kindGroups:
 			return v.String(), nil
 		case kindDuration:
 			return "", fmt.Errorf("%s is a number; give a duration as a string with its unit, e.g. \"10s\"", v)
@@ -96,7 +98,7 @@ func jsonType(v any) string {
 func (k settingKind) jsonWant() string {
 	switch k {
 	case kindSize:
-		return "a size, a string such as \"4GiB\" or a number of bytes"
+		return "a size, a string with a binary unit such as \"4GiB\" or a whole number of bytes"
 	case kindFloat:
 		return "a number"
 	case kindInt:
