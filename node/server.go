@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/stratakv/strata/internal/undo"
 	"github.com/stratakv/strata/node/arena"
 	"github.com/stratakv/strata/node/spill"
 	"github.com/stratakv/strata/node/wire"
@@ -78,16 +79,8 @@ type Server struct {
 	registeredBytes atomic.Int64
 }
 
-// New starts a service: it checks the spill directory (creating it, and
-// creating and removing a file in it), listens on the socket (and the admin
-// port), and only then maps the arena, so that a refusal costs no memory; it
-// accepts clients until Close. It returns within milliseconds whatever the
-// arena's size: the arena warms its memory, and recovers the objects of its
-// arena file, in the background (start.go).
-func New(cfg Config) (*Server, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
+// startServer is New, recording in made what it creates on disk (start.go).
+func startServer(cfg Config, made *undo.Log) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, sessions: map[uint64]*session{}, perUID: map[int]int{}, started: time.Now(),
 		done: make(chan struct{}), mem: newMemBudget(cfg.RequestMemoryBytes), statsLimit: wire.MaxBody - 64<<10,
 		instanceID: newInstanceID()}
@@ -121,17 +114,35 @@ func New(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	if err := makeDirs(cfg, made); err != nil {
+		return nil, err
+	}
 	if cfg.SpillDir != "" {
-		if err := probeSpillDir(cfg.SpillDir); err != nil {
+		if err := probeSpillDir(cfg.SpillDir, made); err != nil {
 			return nil, err
 		}
+	}
+	// Until the accept loop starts, engines that connect wait in the backlog.
+	if s.ln, err = wire.Listen(cfg.Socket, cfg.SocketMode, gid); err != nil {
+		return nil, fmt.Errorf("socket (--socket): %w", err)
+	}
+	if cfg.Admin != "" {
+		if err := s.listenAdmin(); err != nil {
+			return nil, errors.Join(err, s.ln.Close())
+		}
+	}
+	// The spill is opened once the socket and the admin port are the
+	// service's: opening it starts its writer and compactor on the segments
+	// of the service before, which a start refused for a port must not touch.
+	if cfg.SpillDir != "" {
 		sc := spill.DefaultConfig(cfg.SpillDir)
 		sc.CapacityBytes = cfg.SpillBytes
 		if cfg.SpillSegmentBytes > 0 {
 			sc.SegmentBytes = cfg.SpillSegmentBytes
 		}
 		sc.CompactBelow, sc.CompactBytesPerSec = cfg.SpillCompactBelow, cfg.SpillCompactRate
-		sc.Logger = s.log
+		sc.Logger, sc.Undo = s.log, made
+		sc.DeferCompaction = true // started once the arena is mapped: a refusal leaves the segments as they were
 		// The segments a crash left without hint files are read after the
 		// service listens (start.go).
 		sc.ScanInBackground = true
@@ -139,16 +150,7 @@ func New(cfg Config) (*Server, error) {
 			sc.OnScan = h.spillScanned
 		}
 		if s.spill, err = spill.New(sc); err != nil {
-			return nil, fmt.Errorf("spill directory (--spill-dir): %w", err)
-		}
-	}
-	// Until the accept loop starts, engines that connect wait in the backlog.
-	if s.ln, err = wire.Listen(cfg.Socket, cfg.SocketMode, gid); err != nil {
-		return nil, errors.Join(fmt.Errorf("socket (--socket): %w", err), s.closeSpill())
-	}
-	if cfg.Admin != "" {
-		if err := s.listenAdmin(); err != nil {
-			return nil, errors.Join(err, s.ln.Close(), s.closeSpill())
+			return nil, errors.Join(fmt.Errorf("spill directory (--spill-dir): %w", err), s.closeAdminListener(), s.ln.Close())
 		}
 	}
 	ac := arena.DefaultConfig(cfg.ArenaBytes)
@@ -173,6 +175,9 @@ func New(cfg Config) (*Server, error) {
 		}
 		return nil, errors.Join(fmt.Errorf("%s: %w", what, err), s.closeAdminListener(), s.ln.Close(), s.closeSpill())
 	}
+	if s.spill != nil {
+		s.spill.StartCompaction()
+	}
 	if len(cfg.RemoteAddrs) > 0 {
 		s.remote = newRemoteTier(s, rc, cfg.OpenRemote)
 	}
@@ -189,11 +194,11 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// probeSpillDir creates the spill directory if it is missing and creates and
-// removes a file in it: a directory the service cannot write would otherwise be
-// accepted and fail (and log) once per evicted object.
-func probeSpillDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil { // private: node/spill refuses a directory others can read
+// probeSpillDir creates the spill directory if it is missing (recorded in
+// made) and creates and removes a file in it: a directory the service cannot
+// write would otherwise be accepted and fail (and log) once per evicted object.
+func probeSpillDir(dir string, made *undo.Log) error {
+	if err := made.MkdirAll(dir, 0o700); err != nil { // private: node/spill refuses a directory others can read
 		return fmt.Errorf("spill directory %s: cannot create it (%v); create it, or point --spill-dir at a directory this user can write: %w", dir, err, ErrConfig)
 	}
 	f, err := os.CreateTemp(dir, ".strata-probe-*")

@@ -5,9 +5,12 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
 	"math"
+	"path/filepath"
 	"time"
 
+	"github.com/stratakv/strata/internal/undo"
 	"github.com/stratakv/strata/node/arena"
 	"github.com/stratakv/strata/storage"
 )
@@ -25,6 +28,59 @@ import (
 // hint files, that reads them whole, seconds per GiB): until it is done the
 // spill's objects of the run before are misses, while puts, removes and
 // what this run spills work as usual, and the service says it is starting.
+
+// New starts a service: it creates the socket's directory (and a named
+// arena file's) when missing, checks the spill directory (creating it, and
+// creating and removing a file in it), listens on the socket (and the admin
+// port), and only then maps the arena, so that a refusal costs no memory; it
+// accepts clients until Close. It returns within milliseconds whatever the
+// arena's size: the arena warms its memory, and recovers the objects of its
+// arena file, in the background.
+//
+// A New that is refused leaves the file system as it found it: it removes
+// what it created (directories, the spill's lock file, the socket, an arena
+// file it made), the newest first, and nothing that was there before: an
+// arena file that holds a warm cache, a directory or lock file of the
+// operator's or of another service's (internal/undo).
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	var made undo.Log
+	s, err := startServer(cfg, &made)
+	if err != nil {
+		if uerr := made.Undo(); uerr != nil {
+			log := cfg.Logger
+			if log == nil {
+				log = slog.Default()
+			}
+			log.Warn("a refused start could not remove all it created", "err", uerr, "fix", "remove them by hand")
+		}
+		return nil, err
+	}
+	return s, nil
+}
+
+// makeDirs creates the socket's directory, as a daemon's runtime directory
+// (/run/strata for the default socket) is: only the service's own socket goes
+// in it, so others may list it but not write. An arena file named on purpose
+// (not the fallback beside the socket) gets its directory too, which only the
+// service's user may list: it holds the cache's contents.
+func makeDirs(cfg Config, made *undo.Log) error {
+	if dir := filepath.Dir(cfg.Socket); cfg.Socket != "" && cfg.Socket[0] != '@' {
+		if err := made.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("socket (--socket) %s: cannot create its directory: %v; create %s, or choose a socket path in a directory this user can write: %w",
+				cfg.Socket, err, dir, ErrConfig)
+		}
+	}
+	if cfg.ArenaFile != "" && !cfg.ArenaFileFallback {
+		if err := made.MkdirAll(filepath.Dir(cfg.ArenaFile), 0o700); err != nil {
+			return fmt.Errorf("arena file (--arena-file) %s: cannot create its directory: %v; create it, or choose a path on a tmpfs this user can write: %w",
+				cfg.ArenaFile, err, ErrConfig)
+		}
+	}
+	return nil
+}
 
 // StartStats is how the service's start went: what it kept of the service
 // before, and whether it is ready.

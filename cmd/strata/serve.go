@@ -40,21 +40,8 @@ func runServe(ctx context.Context, args []string, _ io.Reader, stdout, stderr io
 	if err := s.cfg.Validate(); err != nil {
 		return usageError{err}
 	}
-	// Like any daemon's runtime directory (/run/strata for the default socket),
-	// the socket's directory is created when missing; only the service's own
-	// socket goes in it, so others may list it but not write.
-	if dir := filepath.Dir(s.cfg.Socket); dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return usagef("--socket %s: cannot create its directory: %v; create %s, or choose a socket path in a directory this user can write", s.cfg.Socket, err, dir)
-		}
-	}
-	// An arena file named on purpose gets its directory, as the socket does
-	// (only the service's user may list it: it holds the cache's contents).
-	if s.arenaFileSet && s.cfg.ArenaFile != "" {
-		if err := os.MkdirAll(filepath.Dir(s.cfg.ArenaFile), 0o700); err != nil {
-			return usagef("--arena-file %s: cannot create its directory: %v; create it, or choose a path on a tmpfs this user can write", s.cfg.ArenaFile, err)
-		}
-	}
+	// node.New creates the socket's directory (and the arena file's), and
+	// a refused start removes what it created.
 	fdLimit := raiseFDLimit(s.cfg.Logger)
 	srv, err := node.New(s.cfg)
 	if err != nil {

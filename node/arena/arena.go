@@ -176,6 +176,13 @@ func New(cfg Config) (_ *Arena, err error) {
 		b  *backing
 		op opened
 	)
+	// A New that fails removes an arena file it created (after closing it,
+	// in the deferred calls below); one that was there stays.
+	defer func() {
+		if err != nil && b != nil && b.made != nil {
+			removeMade(b.path, b.made)
+		}
+	}()
 	// Until New returns, nobody else touches the file's memory: a fault in it
 	// (the file truncated meanwhile) fails New.
 	defer func(old bool) {

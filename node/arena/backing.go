@@ -30,6 +30,9 @@ type backing struct {
 	// it; replaced says it was.
 	mapMu    sync.Mutex
 	replaced bool
+	// made is the arena file as this start created it, nil when it was
+	// there before: a New that fails removes the one it made (removeMade).
+	made *unix.Stat_t
 }
 
 // holds reports whether addr lies in the arena file's mapping.

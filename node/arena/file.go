@@ -146,19 +146,28 @@ func memoryFS(t int64) (string, bool) {
 // the arena file at path, reusing it when its superblock says it holds an
 // arena of the same geometry, and formatting it anew otherwise. New writes
 // the superblock, where a fault is guarded.
+//
+// A refusal changes nothing of a file that was there: everything that can
+// refuse it (its lock, its file system, the room it needs) is checked before
+// a file that cannot be reused is emptied, so that a start refused, say for
+// an --arena too large, leaves the warm cache of the service before as it
+// was. A file it created, it removes.
 func openFile(cfg *Config, unit, size int64) (_ *backing, _ opened, err error) {
 	var op opened
 	path := cfg.File
-	fd, _, err := openOwn(path)
+	fd, created, err := openOwn(path)
 	if err != nil {
 		return nil, op, err
 	}
+	var st unix.Stat_t
 	defer func() {
 		if err != nil {
+			if created {
+				removeMade(path, &st)
+			}
 			_ = unix.Close(fd)
 		}
 	}()
-	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, op, fmt.Errorf("arena file %s: %v: %w", path, err, ErrFile)
 	}
@@ -190,38 +199,42 @@ func openFile(cfg *Config, unit, size int64) (_ *backing, _ opened, err error) {
 			op.warm, op.why = false, fmt.Sprintf("it is %d bytes, its superblock says %d (truncated or extended)", st.Size, g.fileSize)
 		}
 	}
-	allocated := st.Blocks * 512
+	// A file that is not reused is emptied: its pages count as room.
+	allocated, freed := st.Blocks*512, int64(0)
+	if !op.warm {
+		allocated, freed = 0, st.Blocks*512
+	}
+	short, err := checkRoom(cfg, path, fsName, fs, g.fileSize-allocated, freed)
+	if err != nil {
+		return nil, op, err
+	}
+	hdrBytes := roundUp(g.headerBytes(), pageSize)
+	if free := int64(fs.Bavail)*fs.Bsize + freed; fsName != "ramfs" && free < hdrBytes-min(allocated, hdrBytes) {
+		return nil, op, fmt.Errorf("arena file %s: its header of %s does not fit: the %s has %s free: free room on it or mount it larger: %w",
+			path, hostmem.FormatBytes(hdrBytes), fsName, hostmem.FormatBytes(max(free, 0)), errNoRoom)
+	}
 	if !op.warm {
 		// Start empty: nothing of the old file may be read again.
 		if err := unix.Ftruncate(fd, 0); err != nil {
 			return nil, op, fmt.Errorf("arena file %s: truncate: %v: %w", path, err, ErrFile)
 		}
-		allocated = 0
 		if err := unix.Ftruncate(fd, g.fileSize); err != nil {
 			return nil, op, fmt.Errorf("arena file %s: size it to %d bytes: %v: %w", path, g.fileSize, err, ErrFile)
 		}
-		// The old file's pages are free now, and count as room.
 		if err := unix.Fstatfs(fd, &fs); err != nil {
 			return nil, op, fmt.Errorf("arena file %s: statfs: %v: %w", path, err, ErrFile)
 		}
-	}
-	short, err := checkRoom(cfg, path, fsName, fs, g.fileSize-allocated)
-	if err != nil {
-		if !op.warm {
-			_ = unix.Ftruncate(fd, 0)
-		}
-		return nil, op, err
 	}
 	// The header's pages are taken now, so that writing the unit map or the
 	// log never meets a full file system (which would be a SIGBUS): 1/1024 of
 	// the arena and 8 MiB, allocated at several GB/s. Without room for them
 	// the file cannot hold an arena at all (New falls back to anonymous memory).
-	if err := unix.Fallocate(fd, 0, 0, roundUp(g.headerBytes(), pageSize)); err != nil {
+	if err := unix.Fallocate(fd, 0, 0, hdrBytes); err != nil {
 		if !op.warm {
 			_ = unix.Ftruncate(fd, 0)
 		}
 		return nil, op, fmt.Errorf("arena file %s: allocate its header of %s: %v; the %s is full: free room on it or mount it larger: %w",
-			path, hostmem.FormatBytes(roundUp(g.headerBytes(), pageSize)), err, fsName, errNoRoom)
+			path, hostmem.FormatBytes(hdrBytes), err, fsName, errNoRoom)
 	}
 	if short {
 		cfg.Logger.Warn("arena file's file system is short of room: the arena starts with what fits and holds less until there is more",
@@ -236,6 +249,9 @@ func openFile(cfg *Config, unit, size int64) (_ *backing, _ opened, err error) {
 		_ = unix.Madvise(m[g.dataOff:], unix.MADV_HUGEPAGE) // advice: tmpfs mounted with huge= honours it
 	}
 	b := &backing{path: path, fd: fd, mapping: m, data: m[g.dataOff : g.dataOff+size : g.dataOff+size], geo: g}
+	if created {
+		b.made = &st
+	}
 	b.umap = unitMap(m, g)
 	b.log = m[g.logOff : g.logOff+g.logBytes : g.logOff+g.logBytes]
 	now := time.Now().UnixNano()
@@ -303,7 +319,8 @@ func pickSuperblock(hdr []byte, size int64) (sb superblock, warm bool, why strin
 	return sb, false, "it holds no arena (no superblock)"
 }
 
-// checkRoom checks that the file's need bytes more fit. More than the host's
+// checkRoom checks that the file's need bytes more fit, once the freed bytes
+// of its old contents are given back (an emptied file's). More than the host's
 // memory is refused: tmpfs pages past it get the service OOM-killed. More
 // than the file system has free is not (short reports it): a full tmpfs is a
 // state of the moment (after a kill, the other users of /dev/shm), so the
@@ -311,11 +328,11 @@ func pickSuperblock(hdr []byte, size int64) (sb superblock, warm bool, why strin
 // cannot populate unused (Stats().UnusableBytes) rather than meet a SIGBUS.
 // Only an arena handed out without a warm-up (Config.Warmup off: tests,
 // benchmarks), whose first writes would meet it, is refused.
-func checkRoom(cfg *Config, path, fsName string, fs unix.Statfs_t, need int64) (short bool, err error) {
+func checkRoom(cfg *Config, path, fsName string, fs unix.Statfs_t, need, freed int64) (short bool, err error) {
 	if need <= 0 {
 		return false, nil
 	}
-	if free := int64(fs.Bavail) * fs.Bsize; fsName != "ramfs" && need > free {
+	if free := int64(fs.Bavail)*fs.Bsize + freed; fsName != "ramfs" && need > free {
 		if !cfg.Warmup {
 			return true, fmt.Errorf("arena file %s needs %s more of its %s, which has %s free: mount it larger (size=, or more vm.nr_hugepages for hugetlbfs) or lower --arena: %w",
 				path, hostmem.FormatBytes(need), fsName, hostmem.FormatBytes(max(free, 0)), ErrFile)
@@ -334,9 +351,21 @@ func checkRoom(cfg *Config, path, fsName string, fs unix.Statfs_t, need int64) (
 	if err != nil {
 		return short, nil // without a reading, trust the file system's own limit
 	}
+	have += freed // tmpfs pages are not available memory until they are freed
 	if need > have-reserve {
 		return short, fmt.Errorf("arena file %s needs %s more memory, %s available, %s reserved: lower --arena: %w",
 			path, hostmem.FormatBytes(need), hostmem.FormatBytes(max(have, 0)), hostmem.FormatBytes(reserve), hostmem.ErrNoMemory)
 	}
 	return short, nil
+}
+
+// removeMade removes the arena file at path if it is still the file st
+// describes: one this start created, which a refused start must not leave
+// behind. A file that was there before is never removed.
+func removeMade(path string, st *unix.Stat_t) {
+	var now unix.Stat_t
+	if st == nil || unix.Lstat(path, &now) != nil || now.Dev != st.Dev || now.Ino != st.Ino {
+		return
+	}
+	_ = unix.Unlink(path)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/stratakv/strata/internal/undo"
 	"github.com/stratakv/strata/storage"
 )
 
@@ -66,6 +67,15 @@ type Config struct {
 	// Logger receives the rare events worth a line (a torn tail dropped at
 	// start-up, an O_DIRECT fallback, a failed write). Nil means slog.Default().
 	Logger *slog.Logger `json:"-"`
+	// Undo, when set, receives what New creates (the directory and any
+	// missing parents, the lock file), so that a caller whose start is
+	// refused after New removes them, after Close, with Undo.Undo. A New
+	// that fails removes them itself.
+	Undo *undo.Log `json:"-"`
+	// DeferCompaction leaves the compactor stopped until StartCompaction,
+	// so that a caller whose start may still be refused after New does not
+	// have the segments of the run before rewritten meanwhile.
+	DeferCompaction bool `json:"-"`
 }
 
 // DefaultConfig returns a Config for dir with a 64 GiB capacity, 256 MiB

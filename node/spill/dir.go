@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stratakv/strata/internal/undo"
 	"github.com/stratakv/strata/storage"
 )
 
@@ -30,11 +31,11 @@ const (
 	privateFile = 0o600
 )
 
-// openDir creates dir (0700, with any missing parents) if it is missing,
+// openDir creates dir (0700, with any missing parents, recorded in made) if it is missing,
 // opens it and checks that it is private to this user. It returns the
 // directory's descriptor, and the mode it had when it had to be made private.
-func openDir(dir string) (fd int, tightened uint32, err error) {
-	if err := os.MkdirAll(dir, privateDir); err != nil {
+func openDir(dir string, made *undo.Log) (fd int, tightened uint32, err error) {
+	if err := made.MkdirAll(dir, privateDir); err != nil {
 		return -1, 0, fmt.Errorf("spill: cannot create directory %s (%v); create it (mode 0700), or point --spill-dir at a directory this user can write: %w", dir, err, storage.ErrConfig)
 	}
 	// A link in the last place is followed only if it is this user's or
@@ -254,10 +255,17 @@ func pwriteFull(fd int, b []byte) error {
 
 // lockDir locks the spill's directory: two spills appending to and dropping
 // the same segment files would destroy each other's objects. The lock file is
-// created 0600 and must be a regular file of this user.
-func (s *Store) lockDir() (fixed bool, err error) {
+// created 0600 (and recorded in made) and must be a regular file of this user.
+func (s *Store) lockDir(made *undo.Log) (fixed bool, err error) {
 	path := s.path(lockName)
-	fd, err := s.openAt(lockName, unix.O_RDWR|unix.O_CREAT, privateFile)
+	// Created with O_EXCL, so that New knows a lock file it made (a refused
+	// start removes it) from one that was there, which it leaves.
+	fd, err := s.openAt(lockName, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, privateFile)
+	if err == nil {
+		made.Created(path)
+	} else if err == unix.EEXIST {
+		fd, err = s.openAt(lockName, unix.O_RDWR, 0)
+	}
 	if err == unix.ELOOP {
 		return false, fmt.Errorf("spill: %s is a symbolic link, which the service never follows: %w; remove it (rm %s): %w", path, ErrUnsafeDir, path, storage.ErrConfig)
 	}

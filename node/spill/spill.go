@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stratakv/strata/internal/undo"
 	"github.com/stratakv/strata/storage"
 )
 
@@ -40,11 +41,12 @@ type Store struct {
 	// writes nothing more, since what the call held may never be released.
 	poisoned atomic.Bool
 
-	compactKick   chan struct{}      // a segment may have fallen below CompactBelow
-	compactCtx    context.Context    // ends when Close stops compaction
-	compactCancel context.CancelFunc // ends compactCtx
-	compactor     sync.WaitGroup     // the compactor goroutine
-	pacer         pacer              // compaction's bytes per second; used by the one compaction in flight
+	compactKick    chan struct{}      // a segment may have fallen below CompactBelow
+	compactCtx     context.Context    // ends when Close stops compaction
+	compactCancel  context.CancelFunc // ends compactCtx
+	compactor      sync.WaitGroup     // the compactor goroutine
+	compactStarted bool               // StartCompaction ran; under mu
+	pacer          pacer              // compaction's bytes per second; used by the one compaction in flight
 
 	writer   sync.WaitGroup // the writer goroutine
 	inflight sync.WaitGroup // calls in flight
@@ -94,7 +96,7 @@ type Store struct {
 // New opens (or creates) the spill in cfg.Dir, a directory private to this
 // user, opens the segment files there and starts its writer; it returns once
 // their objects are indexed, or at once with Config.ScanInBackground.
-func New(cfg Config) (*Store, error) {
+func New(cfg Config) (_ *Store, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -102,7 +104,17 @@ func New(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spill %s: %w: %w", cfg.Dir, err, storage.ErrConfig)
 	}
-	dirfd, tightened, err := openDir(dir)
+	// What New creates is removed when it fails, and handed to cfg.Undo
+	// when it does not.
+	var made undo.Log
+	defer func() {
+		if err != nil {
+			_ = made.Undo()
+		} else if cfg.Undo != nil {
+			cfg.Undo.Append(&made)
+		}
+	}()
+	dirfd, tightened, err := openDir(dir, &made)
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +133,7 @@ func New(cfg Config) (*Store, error) {
 		byID:     map[uint32]*segment{},
 		nextID:   1,
 	}
-	fixed, err := s.lockDir()
+	fixed, err := s.lockDir(&made)
 	if err != nil {
 		_ = unix.Close(dirfd)
 		return nil, err
@@ -163,9 +175,8 @@ func New(cfg Config) (*Store, error) {
 		s.compactKick = make(chan struct{}, 1)
 	}
 	s.startScan()
-	if cfg.CompactBelow > 0 {
-		s.compactor.Add(1)
-		go s.compactLoop()
+	if !cfg.DeferCompaction {
+		s.StartCompaction()
 	}
 	if !cfg.ScanInBackground {
 		<-s.scan.ready
@@ -203,6 +214,20 @@ func (s *Store) Close() error {
 			s.dir, lost, storage.ErrIO))
 	}
 	return err
+}
+
+// StartCompaction starts the compactor (Config.CompactBelow) of a store
+// opened with Config.DeferCompaction; New starts it otherwise. Once is
+// enough; after Close it does nothing.
+func (s *Store) StartCompaction() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.compactKick == nil || s.compactStarted {
+		return
+	}
+	s.compactStarted = true
+	s.compactor.Add(1)
+	go s.compactLoop()
 }
 
 // markClosed refuses new calls, and reports whether s was open.
