@@ -117,6 +117,14 @@ func NodeTarget(s Scratch) (t Target, err error) {
 				socket, describeStat(err), socket)
 		}
 		t.Describe = "service at " + socket
+		waited, first, err := awaitSocketReady(context.Background(), socket, s.Progress)
+		if err != nil {
+			return Target{}, err
+		}
+		if waited > 0 {
+			t.Notes = append(t.Notes, fmt.Sprintf("the node service at %s was starting (%d%% of its arena ready): the run waited %s for it before the first batch, "+
+				"so that its warm-up does not take the cores the timed batches copy on", socket, first, waited.Round(time.Millisecond)))
+		}
 		t.Remove = func(ctx context.Context, names []string) error { return removeFromNode(ctx, socket, names) }
 		t.Notes = append(t.Notes, fmt.Sprintf("the node service at %s is measured as it runs: the memcpy peers assume it has %d copy workers (the default); "+
 			"its arena must hold %s (the run's objects %d times over, one engine then %d, and %d warm-up batches) or gets miss; "+
