@@ -18,6 +18,9 @@ func FuzzItemCanonical(f *testing.F) {
 	}
 	f.Add(Item{Key: "k", Ranges: []Range{{Segment: 1, Length: 5}}}.marshalCopy())
 	f.Add(Item{Key: "k", Format: 7, Ranges: []Range{{Offset: 9, Length: 1}}}.marshalCopy())
+	f.Add(Item{Key: "k", Format: 7, Runs: []Run{{Segment: 2, Offset: 9, Length: 4, Stride: 16, Count: 61}}}.marshalCopy())
+	f.Add(Item{Key: "k", Runs: []Run{{Length: 1, Count: 1}, {Segment: 1, Offset: 1 << 40, Length: 8, Stride: 8, Count: 4096}}}.marshalCopy())
+	f.Add([]byte{tagItemRuns, 4, tagRunCount, 0xff, 0xff, 0x7f})
 	f.Add([]byte{tagItemKey, 1, 'a', tagItemKey, 1, 'b', tagItemRanges, 2, tagRangeLength, 3})
 	f.Add([]byte{tagItemRanges, 6, tagRangeSegment, 0xff, 0xff, 0xff, 0xff, 0x1f})
 	f.Add(protowire.AppendTag(nil, 9, protowire.VarintType))
@@ -28,13 +31,13 @@ func FuzzItemCanonical(f *testing.F) {
 				keys, keys2 = newKeyBuffer(len(body)), newKeyBuffer(len(body))
 			}
 			var fast, slow Item
-			if !fast.unmarshalCanonical(body, make([]Range, 1), keys) {
+			if !fast.unmarshalCanonical(body, make([]Range, 1), make([]Run, 1), keys) {
 				if share && keys.sb.Len() != 0 {
 					t.Fatalf("declined, but took %d key bytes", keys.sb.Len())
 				}
 				continue
 			}
-			if err := slow.unmarshal(body, make([]Range, 1), keys2); err != nil {
+			if err := slow.unmarshal(body, make([]Range, 1), make([]Run, 1), keys2); err != nil {
 				t.Fatalf("the fast decoder accepted what the general one refuses (%v): %+v", err, fast)
 			}
 			if !reflect.DeepEqual(fast, slow) {
@@ -90,6 +93,8 @@ func FuzzBatchCanonical(f *testing.F) {
 	f.Add(Get{Items: putItems(3, 2, 4)}.Marshal(nil))
 	f.Add(Put{Items: putItems(2, 1, 1)}.Marshal(nil))
 	f.Add(Get{Items: putItems(1, 2, 2), DeadlineNS: 1 << 50, FenceSlot: 9}.Marshal(nil))
+	f.Add(Get{Items: runItems(4, 61), FenceSlot: 2}.Marshal(nil))
+	f.Add(Put{Items: append(putItems(1, 1, 1), runItems(2, 3)...)}.Marshal(nil))
 	f.Add(BatchReply{Results: []Result{{}, {Status: NotFound, Message: "gone"}, {}}}.Marshal(nil))
 	f.Add([]byte{tagBatchField, 0, tagBatchField, 2, 0x08, 0x03})
 	f.Add(protowire.AppendVarint(protowire.AppendTag([]byte{tagBatchField, 0}, 7, protowire.VarintType), 5))

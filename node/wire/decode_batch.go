@@ -27,10 +27,36 @@ func (r *Range) unmarshal(b []byte) error {
 	}
 }
 
-// unmarshal decodes an item. Its ranges are appended to room[:0], which has space
-// for all of them (they were counted beforehand), so they cost no allocation.
-func (it *Item) unmarshal(b []byte, room []Range, keys *keyBuffer) error {
-	it.Ranges = room[:0]
+func (r *Run) unmarshal(b []byte) error {
+	f := fields{b: b}
+	for {
+		ok, err := f.next()
+		if err != nil || !ok {
+			return err
+		}
+		switch f.num {
+		case fRunSegment:
+			r.Segment, err = f.uint32("segment")
+		case fRunOffset:
+			r.Offset, err = f.varint("offset")
+		case fRunLength:
+			r.Length, err = f.varint("length")
+		case fRunStride:
+			r.Stride, err = f.varint("stride")
+		case fRunCount:
+			r.Count, err = f.uint32("count")
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// unmarshal decodes an item. Its ranges are appended to room[:0] and its runs
+// to runRoom[:0], which have space for the common case (see decodeItems), so
+// they cost no allocation.
+func (it *Item) unmarshal(b []byte, room []Range, runRoom []Run, keys *keyBuffer) error {
+	it.Ranges, it.Runs = room[:0], runRoom[:0]
 	f := fields{b: b}
 	for {
 		ok, err := f.next()
@@ -57,17 +83,36 @@ func (it *Item) unmarshal(b []byte, room []Range, keys *keyBuffer) error {
 					err = prefixIndex("ranges", i, err)
 				}
 			}
+		case fItemRuns:
+			if err = f.want("runs", protowire.BytesType); err == nil {
+				i := len(it.Runs)
+				it.Runs = append(it.Runs, Run{})
+				if err = it.Runs[i].unmarshal(f.val); err != nil {
+					err = prefixIndex("runs", i, err)
+				}
+			}
 		}
 		if err != nil {
 			return err
 		}
 	}
+	it.clip()
+	return nil
+}
+
+// clip caps the item's ranges and runs at their lengths, so that an append by
+// the caller must not run into the next item's, and makes empty ones nil.
+func (it *Item) clip() {
 	n := len(it.Ranges)
-	it.Ranges = it.Ranges[:n:n] // an append by the caller must not run into the next item's ranges
+	it.Ranges = it.Ranges[:n:n]
 	if n == 0 {
 		it.Ranges = nil
 	}
-	return nil
+	n = len(it.Runs)
+	it.Runs = it.Runs[:n:n]
+	if n == 0 {
+		it.Runs = nil
+	}
 }
 
 // The items of a Put or Get are decoded in two passes. A first one counts the
@@ -193,9 +238,12 @@ func decodeItems(b []byte, n int, canonical, shareKeys bool) ([]Item, error) {
 }
 
 // itemDecoder decodes the items of one message into slices allocated once.
+// Runs get their room once the first item with runs shows (a batch of ranges
+// pays nothing for them): one run for each item still to come.
 type itemDecoder struct {
 	items  []Item
 	ranges []Range // room for the ranges of the items still to come
+	runs   []Run   // room for the runs of the items still to come
 	keys   *keyBuffer
 }
 
@@ -204,14 +252,21 @@ func (d *itemDecoder) add(val []byte) error {
 	i := len(d.items)
 	d.items = append(d.items, Item{})
 	it := &d.items[i]
-	if !it.unmarshalCanonical(val, d.ranges, d.keys) {
+	if !it.unmarshalCanonical(val, d.ranges, d.runs, d.keys) {
 		*it = Item{}
-		if err := it.unmarshal(val, d.ranges, d.keys); err != nil {
+		if err := it.unmarshal(val, d.ranges, d.runs, d.keys); err != nil {
 			return prefixIndex("items", i, err)
 		}
 	}
 	if r := len(it.Ranges); r <= len(d.ranges) && (r == 0 || &it.Ranges[0] == &d.ranges[0]) {
 		d.ranges = d.ranges[r:]
+	}
+	switch r := len(it.Runs); {
+	case r == 0:
+	case len(d.runs) == 0:
+		d.runs = make([]Run, cap(d.items)-len(d.items))
+	case r <= len(d.runs) && &it.Runs[0] == &d.runs[0]:
+		d.runs = d.runs[r:]
 	}
 	return nil
 }

@@ -16,6 +16,8 @@ func (m *Hello) unmarshal(b []byte) error {
 			m.ClientName, err = f.string("client name", MaxName)
 		case fHelloPID:
 			m.PID, err = f.int32("pid")
+		case fHelloRevision:
+			m.Revision, err = f.uint32("revision")
 		}
 		if err != nil {
 			return err
@@ -49,6 +51,8 @@ func (m *HelloReply) unmarshal(b []byte) error {
 			m.ReadyPercent, err = f.uint32("ready percent") // the last one wins; Validate checks it
 		case fHelloReplyWarm:
 			m.Warm, err = f.bool("warm")
+		case fHelloReplyRevision:
+			m.Revision, err = f.uint32("revision")
 		}
 		if err != nil {
 			return err

@@ -12,7 +12,9 @@
 // The conversation: a client sends Hello (→ HelloReply), registers each host pool
 // segment once with RegisterSegment and its memfd (→ RegisterSegmentReply with the
 // segment's id), then names bytes in its segments as (segment, offset, length)
-// ranges in Put and Get (→ BatchReply, one Result per item). Exists, Remove,
+// ranges in Put and Get (→ BatchReply, one Result per item), or, on a connection
+// of Revision 2 (negotiated in Hello and HelloReply), as Runs: count ranges of
+// one length at a fixed stride, one Run for a layer-first page's layers. Exists, Remove,
 // Stats and Ping are what they say. A request that fails as a whole gets Error.
 //
 // Every decoder validates what it reads (key syntax, batch limits, ranges that

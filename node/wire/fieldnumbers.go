@@ -7,6 +7,7 @@ const (
 	fHelloVersion    protowire.Number = 1
 	fHelloClientName protowire.Number = 2
 	fHelloPID        protowire.Number = 3
+	fHelloRevision   protowire.Number = 4
 
 	fHelloReplyClientID      protowire.Number = 1
 	fHelloReplyServerVersion protowire.Number = 2
@@ -17,6 +18,7 @@ const (
 	fHelloReplyStarting      protowire.Number = 7
 	fHelloReplyReadyPercent  protowire.Number = 8
 	fHelloReplyWarm          protowire.Number = 9
+	fHelloReplyRevision      protowire.Number = 10
 
 	fRegisterSize  protowire.Number = 1
 	fRegisterName  protowire.Number = 2
@@ -36,6 +38,13 @@ const (
 	fItemKey    protowire.Number = 1
 	fItemFormat protowire.Number = 2
 	fItemRanges protowire.Number = 3
+	fItemRuns   protowire.Number = 4
+
+	fRunSegment protowire.Number = 1
+	fRunOffset  protowire.Number = 2
+	fRunLength  protowire.Number = 3
+	fRunStride  protowire.Number = 4
+	fRunCount   protowire.Number = 5
 
 	fBatchItems      protowire.Number = 1 // Put, Get
 	fBatchDeadlineNS protowire.Number = 2

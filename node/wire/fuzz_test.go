@@ -13,6 +13,10 @@ func FuzzDecode(f *testing.F) {
 		f.Add(byte(m.Type()), m.Marshal(nil))
 	}
 	f.Add(byte(TypePut), Put{Items: putItems(2, 2, 3)}.Marshal(nil))
+	f.Add(byte(TypeGet), Get{Items: runItems(3, 61), FenceSlot: 4}.Marshal(nil))
+	f.Add(byte(TypePut), Put{Items: append(runItems(2, 2), putItems(1, 1, 2)...)}.Marshal(nil))
+	f.Add(byte(TypePut), []byte(pb{}.bytes(fBatchItems, pb{}.bytes(fItemKey, []byte("k")).bytes(fItemRuns, pb{}.varint(fRunLength, 8).varint(fRunCount, 2)))))
+	f.Add(byte(TypeHello), Hello{Version: Version, Revision: Revision}.Marshal(nil))
 	f.Add(byte(TypeHello), []byte{0x08, 0x80})
 	f.Add(byte(TypePut), []byte(pb{}.bytes(fBatchItems, pb{}.bytes(fItemKey, []byte("k")).bytes(fItemRanges, pb{}.varint(fRangeLength, 0)))))
 	f.Add(byte(0), []byte{})

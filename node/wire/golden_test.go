@@ -78,6 +78,21 @@ func goldenCases() []goldenCase {
 			{Key: strings.Replace(key, "_k", "_v", 1), Format: 2, Ranges: ranges(1, 5, 1<<30, 0, 4096)},
 		}}},
 		{"get_fence_slot_only", 19, &Get{FenceSlot: 1, Items: []Item{{Key: "k", Format: 3, Ranges: ranges(1, 1, 0, 0, 1)}}}},
+		{"hello_revision", 20, &Hello{Version: Version, ClientName: "sglang-tp1", PID: 77, Revision: Revision}},
+		{"hello_reply_revision", 20, &HelloReply{ClientID: 5, ServerVersion: "strata v1.5.0", MaxBatch: MaxItems, ClockNS: 7,
+			InstanceID: 1, ContentID: 2, Revision: Revision}},
+		{"put_runs", 21, &Put{DeadlineNS: 1 << 40, FenceSlot: 3, Items: []Item{
+			{Key: key, Format: 1, Runs: []Run{{Segment: 1, Offset: 4096, Length: 1152, Stride: 1 << 24, Count: 61}}},
+			{Key: strings.Replace(key, "_k", "_v", 1), Format: 1, Runs: []Run{
+				{Segment: 2, Offset: 0, Length: 8192, Stride: 8192, Count: MaxRunCount / 2},
+				{Segment: 2, Offset: 1 << 40, Length: 1, Count: 1},
+				{Segment: 1<<32 - 1, Offset: 1<<64 - 1<<20, Length: 4096, Stride: 1 << 16, Count: 4}}},
+			{Key: "k", Format: 1, Ranges: []Range{{Segment: 1, Offset: 1 << 30, Length: 1152}}},
+		}}},
+		{"get_runs_mla", 22, &Get{FenceSlot: 9, Items: []Item{
+			{Key: "deepseek-ai_2fDeepSeek-V3:abc__k", Format: ^uint64(0), Runs: []Run{{Segment: 2, Offset: 4096, Length: 36864, Stride: 1 << 24, Count: 61}}},
+			{Key: "deepseek-ai_2fDeepSeek-V3:abd__k", Format: ^uint64(0), Runs: []Run{{Segment: 2, Offset: 4096 + 36864, Length: 36864, Stride: 1 << 24, Count: 61}}},
+		}}},
 		{"get_max_ranges", 10, &Get{Items: []Item{{Key: "k", Format: 3, Ranges: ranges(MaxRanges, 7, 0, 128, 64)}}}},
 		{"batch_reply", 9, &BatchReply{Results: []Result{
 			{Status: OK}, {Status: NotFound}, {Status: BadRange, Message: "segment 2 \"kv\" faulted — re-register"},
@@ -102,7 +117,11 @@ func goldenJSON(m Message) map[string]any {
 		for _, r := range it.Ranges {
 			rs = append(rs, map[string]any{"segment": r.Segment, "offset": r.Offset, "length": r.Length})
 		}
-		return map[string]any{"key": it.Key, "format": it.Format, "ranges": rs}
+		runs := []map[string]any{}
+		for _, r := range it.Runs {
+			runs = append(runs, map[string]any{"segment": r.Segment, "offset": r.Offset, "length": r.Length, "stride": r.Stride, "count": r.Count})
+		}
+		return map[string]any{"key": it.Key, "format": it.Format, "ranges": rs, "runs": runs}
 	}
 	items := func(its []Item) []map[string]any {
 		out := []map[string]any{}
@@ -119,10 +138,10 @@ func goldenJSON(m Message) map[string]any {
 	}
 	switch m := m.(type) {
 	case *Hello:
-		return map[string]any{"version": m.Version, "client_name": m.ClientName, "pid": m.PID}
+		return map[string]any{"version": m.Version, "client_name": m.ClientName, "pid": m.PID, "revision": m.Revision}
 	case *HelloReply:
 		return map[string]any{"client_id": m.ClientID, "server_version": m.ServerVersion, "max_batch": m.MaxBatch, "clock_ns": m.ClockNS,
-			"instance_id": m.InstanceID, "content_id": m.ContentID, "starting": m.Starting, "ready_percent": m.ReadyPercent, "warm": m.Warm}
+			"instance_id": m.InstanceID, "content_id": m.ContentID, "starting": m.Starting, "ready_percent": m.ReadyPercent, "warm": m.Warm, "revision": m.Revision}
 	case *RegisterSegment:
 		return map[string]any{"size": m.Size, "name": m.Name, "fence": m.Fence}
 	case *RegisterSegmentReply:
@@ -186,7 +205,19 @@ func malformedCases() map[string][]byte {
 	oversize := appendHeader(nil, Header{Type: TypeBatchReply, ID: 1, Len: MaxBody + 1})
 	truncated := frame(TypeBatchReply, str(1, varint(1, 1)))
 	truncated = truncated[:len(truncated)-1]
+	run := func(fields ...[]byte) []byte { return str(fItemRuns, bytes.Join(fields, nil)) }
+	item := func(fields ...[]byte) []byte {
+		return str(fBatchItems, append(str(fItemKey, []byte("k")), bytes.Join(fields, nil)...))
+	}
+	okRun := run(varint(fRunSegment, 1), varint(fRunLength, 8), varint(fRunStride, 8), varint(fRunCount, 2))
 	return map[string][]byte{
+		"item_ranges_and_runs":       frame(TypeGet, item(str(fItemRanges, varint(fRangeLength, 8)), okRun)),
+		"run_count_zero":             frame(TypeGet, item(run(varint(fRunSegment, 1), varint(fRunLength, 8)))),
+		"run_count_over_limit":       frame(TypePut, item(run(varint(fRunLength, 1), varint(fRunStride, 1), varint(fRunCount, MaxRunCount+1)))),
+		"run_stride_under_length":    frame(TypeGet, item(run(varint(fRunLength, 8), varint(fRunStride, 7), varint(fRunCount, 2)))),
+		"run_end_overflows":          frame(TypeGet, item(run(varint(fRunOffset, 1<<63), varint(fRunLength, 8), varint(fRunStride, 1<<62), varint(fRunCount, 3)))),
+		"run_count_over_uint32":      frame(TypeGet, item(run(varint(fRunLength, 8), varint(fRunCount, 1<<32)))),
+		"item_runs_too_many_ranges":  frame(TypeGet, item(run(varint(fRunLength, 1), varint(fRunStride, 1), varint(fRunCount, MaxRunCount)), run(varint(fRunOffset, 1<<20), varint(fRunLength, 1), varint(fRunCount, 1)))),
 		"bad_magic":                  badMagic,
 		"bad_version":                badVersion,
 		"oversize_body":              oversize,

@@ -74,7 +74,8 @@ func sizeString(num protowire.Number, s string) int {
 func (m Hello) Marshal(b []byte) []byte {
 	b = appendVarint(b, fHelloVersion, uint64(m.Version))
 	b = appendString(b, fHelloClientName, m.ClientName)
-	return appendVarint(b, fHelloPID, int32Varint(m.PID))
+	b = appendVarint(b, fHelloPID, int32Varint(m.PID))
+	return appendVarint(b, fHelloRevision, uint64(m.Revision))
 }
 
 func (m HelloReply) Marshal(b []byte) []byte {
@@ -86,7 +87,8 @@ func (m HelloReply) Marshal(b []byte) []byte {
 	b = appendFixed64(b, fHelloReplyContentID, m.ContentID)
 	b = appendVarint(b, fHelloReplyStarting, boolVarint(m.Starting))
 	b = appendVarint(b, fHelloReplyReadyPercent, uint64(m.ReadyPercent))
-	return appendVarint(b, fHelloReplyWarm, boolVarint(m.Warm))
+	b = appendVarint(b, fHelloReplyWarm, boolVarint(m.Warm))
+	return appendVarint(b, fHelloReplyRevision, uint64(m.Revision))
 }
 
 func (m RegisterSegment) Marshal(b []byte) []byte {
@@ -128,12 +130,32 @@ const maxRangeSize = 3 + 5 + 10 + 10
 
 var _ = [1]struct{}{}[maxRangeSize>>7] // a range's length is one byte
 
+func (r Run) marshal(b []byte) []byte {
+	b = appendVarint(b, fRunSegment, uint64(r.Segment))
+	b = appendVarint(b, fRunOffset, r.Offset)
+	b = appendVarint(b, fRunLength, r.Length)
+	b = appendVarint(b, fRunStride, r.Stride)
+	return appendVarint(b, fRunCount, uint64(r.Count))
+}
+
+// maxRunSize is the most bytes a Run's encoding takes: five tags and five
+// varints, of two uint32s and three uint64s; its length is one byte too.
+const maxRunSize = 5 + 5 + 10 + 10 + 10 + 5
+
+var _ = [1]struct{}{}[maxRunSize>>7] // a run's length is one byte
+
 func (it *Item) marshal(b []byte) []byte {
 	b = appendString(b, fItemKey, it.Key)
 	b = appendFixed64(b, fItemFormat, it.Format)
 	for _, r := range it.Ranges {
 		// The length is written after the range, in the byte kept for it.
 		b = append(b, tagItemRanges, 0)
+		start := len(b)
+		b = r.marshal(b)
+		b[start-1] = byte(len(b) - start)
+	}
+	for _, r := range it.Runs {
+		b = append(b, tagItemRuns, 0)
 		start := len(b)
 		b = r.marshal(b)
 		b[start-1] = byte(len(b) - start)

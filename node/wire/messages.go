@@ -11,6 +11,11 @@ const (
 	// Version is the protocol version this package speaks: the third byte of every
 	// frame header and Hello.Version.
 	Version = 1
+	// Revision is the highest revision of the protocol this package speaks, as
+	// Hello.Revision and HelloReply.Revision carry it. Revision 2 adds Runs to
+	// Item; the framing (Version) is the same. A peer that sends no revision
+	// speaks revision 1.
+	Revision = 2
 	// HeaderSize is the length of a frame header in bytes.
 	HeaderSize = 16
 	// MaxBody is the longest frame body. A batch of 128 pages with a few hundred
@@ -23,6 +28,17 @@ const (
 	// MaxRanges is the most ranges one item's bytes may be split into (a
 	// layer-first pool has one per layer).
 	MaxRanges = 256
+	// MaxRuns is the most runs one item's bytes may be named by (revision 2).
+	MaxRuns = 256
+	// MaxRunCount is the most ranges one run stands for, and the most ranges
+	// one item's runs expand to: a layer-first pool's part of thousands of
+	// one-token pages is one run.
+	MaxRunCount = 4096
+	// MaxBatchRanges is the most ranges the items of one batch name, runs
+	// expanded: the most that MaxItems items of MaxRanges ranges could name
+	// before runs existed, so that a server's work per batch stays bounded as
+	// it was.
+	MaxBatchRanges = MaxItems * MaxRanges
 	// MaxKey is the longest object key in bytes. Keys are 1 to MaxKey bytes of
 	// printable ASCII (0x20 to 0x7e).
 	MaxKey = 512
@@ -55,6 +71,9 @@ type Hello struct {
 	ClientName string
 	// PID is the client's process id, for logs; the server trusts SO_PEERCRED.
 	PID int32
+	// Revision is the highest protocol revision the client speaks (Revision);
+	// 0, from a client before revisions, is 1.
+	Revision uint32
 }
 
 // HelloReply accepts a session.
@@ -89,7 +108,16 @@ type HelloReply struct {
 	// Warm is true when this start of the service kept the contents of the
 	// one before (the same ContentID as before the restart).
 	Warm bool
+	// Revision is this connection's protocol revision: the lower of the
+	// client's Hello.Revision and the server's. 0, from a server before
+	// revisions, is 1. A client names items by Runs only at revision 2 or
+	// later.
+	Revision uint32
 }
+
+// RevisionOf returns the revision a Hello or HelloReply's field rev stands
+// for: rev, or 1 for an absent (zero) one.
+func RevisionOf(rev uint32) uint32 { return max(rev, 1) }
 
 // RegisterSegment hands the service a memfd segment; its frame carries exactly one
 // file descriptor, the memfd. The server maps Size bytes of it.
@@ -140,20 +168,62 @@ type Range struct {
 	Length uint64
 }
 
+// Run is Count ranges of one segment at a fixed Stride (revision 2): the
+// ranges (Segment, Offset + i*Stride, Length) for i in 0..Count-1. A
+// layer-first pool's page is one run of a range per layer.
+type Run struct {
+	Segment uint32
+	// Offset is the first range's offset in the segment.
+	Offset uint64
+	// Length is each range's length in bytes (not zero).
+	Length uint64
+	// Stride is the distance from one range's offset to the next's; at least
+	// Length when Count is over 1 (a run's ranges ascend and never overlap).
+	Stride uint64
+	// Count is how many ranges the run stands for, 1 to MaxRunCount.
+	Count uint32
+}
+
+// Range returns the run's range i (0 to Count-1).
+func (r Run) Range(i int) Range {
+	return Range{Segment: r.Segment, Offset: r.Offset + uint64(i)*r.Stride, Length: r.Length}
+}
+
+// End returns the end of the run's last range: Offset + (Count-1)*Stride +
+// Length (for a run that validated, this does not overflow).
+func (r Run) End() uint64 { return r.Offset + uint64(r.Count-1)*r.Stride + r.Length }
+
 // Item is one object of a Put or Get: its key, format, and where its bytes are in
-// the client's memory: the object is the concatenation of Ranges, in order.
+// the client's memory: the object is the concatenation of Ranges, in order, or
+// of the ranges of Runs, in order. An item has ranges or runs, never both.
 type Item struct {
 	Key    string
 	Format uint64
 	// Ranges (1 to MaxRanges) lie in segments this client registered.
 	Ranges []Range
+	// Runs (1 to MaxRuns, revision 2) stand for at most MaxRunCount ranges in
+	// all, in segments this client registered.
+	Runs []Run
 }
 
-// Size returns the object's length: the sum of the ranges' lengths.
+// Size returns the object's length: the sum of the lengths of its ranges (or
+// of its runs' ranges).
 func (it Item) Size() uint64 {
 	var n uint64
 	for _, r := range it.Ranges {
 		n += r.Length
+	}
+	for _, r := range it.Runs {
+		n += uint64(r.Count) * r.Length
+	}
+	return n
+}
+
+// Spans returns how many ranges the item names, its runs expanded.
+func (it Item) Spans() int {
+	n := len(it.Ranges)
+	for _, r := range it.Runs {
+		n += int(r.Count)
 	}
 	return n
 }

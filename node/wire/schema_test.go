@@ -370,6 +370,18 @@ func (s *protoSchema) filled(t Type) Message {
 	m := newMessage(t)
 	n := 0
 	s.fill(s.messages[t.String()], reflect.ValueOf(m).Elem(), &n)
+	// An item names its bytes by ranges or by runs, never both: the first of
+	// the two items keeps its ranges, the second its runs.
+	var items []Item
+	switch m := m.(type) {
+	case *Put:
+		items = m.Items
+	case *Get:
+		items = m.Items
+	}
+	if len(items) == 2 {
+		items[0].Runs, items[1].Ranges = nil, nil
+	}
 	return m
 }
 
@@ -409,6 +421,10 @@ func TestSchemaLimits(t *testing.T) {
 		{`Keys are 1 to (\d+) bytes`, []int{MaxKey}},
 		{`results\) has at most (\d+) entries`, []int{MaxItems}},
 		{`An item has 1 to (\d+) ranges`, []int{MaxRanges}},
+		{`an item has 1 to (\d+) runs`, []int{MaxRuns}},
+		{`which stand for 1 to (\d+) ranges in all`, []int{MaxRunCount}},
+		{`a count of 1 to (\d+)`, []int{MaxRunCount}},
+		{`The items of one batch name at most (\d+) ranges`, []int{MaxBatchRanges}},
 		{`are at most (\d+) bytes; status messages at most (\d+) bytes`, []int{MaxName, MaxMessage}},
 		{`exactly (\d+) bytes, (\d+) little-endian uint32 counters`, []int{FenceBytes, FenceSlots}},
 	} {

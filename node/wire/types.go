@@ -130,7 +130,8 @@ const (
 	// NoSpace: the service has no room for the object, even after eviction.
 	NoSpace Status = 3
 	// BadRange: a range is not inside a segment this client registered: allocate
-	// host pools with the shm allocator and register their segments.
+	// host pools with the shm allocator and register their segments. Or a Get's
+	// item overlaps another item's memory (two copies into the same bytes).
 	BadRange Status = 4
 	// FormatMismatch: the object exists in another format (another layout or page
 	// size); it was not served.

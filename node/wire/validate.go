@@ -3,6 +3,7 @@ package wire
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"unicode/utf8"
 )
 
@@ -127,16 +128,22 @@ func (m ExistsReply) Validate() error {
 	return nil
 }
 
-// Validate checks the item: a valid key, 1 to MaxRanges ranges of non-zero length
-// whose ends and total do not overflow uint64.
+// Validate checks the item: a valid key, and its bytes named by ranges or by
+// runs, never both: 1 to MaxRanges ranges of non-zero length whose ends and
+// total do not overflow uint64, or 1 to MaxRuns valid runs (Run.validate) of
+// at most MaxRunCount ranges in all, whose total does not overflow.
 func (it Item) Validate() error {
 	if err := ValidKey(it.Key); err != nil {
 		return err
 	}
-	if len(it.Ranges) == 0 {
-		return malformed("item %q has no ranges", it.Key)
-	}
-	if len(it.Ranges) > MaxRanges {
+	switch {
+	case len(it.Ranges) > 0 && len(it.Runs) > 0:
+		return malformed("item %q has both ranges and runs; name its bytes by one or the other", it.Key)
+	case len(it.Runs) > 0:
+		return it.validRuns()
+	case len(it.Ranges) == 0:
+		return malformed("item %q has no ranges and no runs", it.Key)
+	case len(it.Ranges) > MaxRanges:
 		return malformed("item %q has %d ranges, at most %d", it.Key, len(it.Ranges), MaxRanges)
 	}
 	var total uint64
@@ -155,13 +162,60 @@ func (it Item) Validate() error {
 	return nil
 }
 
+func (it Item) validRuns() error {
+	if len(it.Runs) > MaxRuns {
+		return malformed("item %q has %d runs, at most %d", it.Key, len(it.Runs), MaxRuns)
+	}
+	var total uint64
+	spans := 0
+	for i, r := range it.Runs {
+		if err := r.validate(); err != nil {
+			return fmt.Errorf("item %q: runs[%d]: %w", it.Key, i, err)
+		}
+		if spans += int(r.Count); spans > MaxRunCount {
+			return malformed("item %q: its runs stand for more than %d ranges", it.Key, MaxRunCount)
+		}
+		// Count is at most MaxRunCount: the product needs only a check of the sum.
+		hi, n := bits.Mul64(uint64(r.Count), r.Length)
+		if hi != 0 || total > math.MaxUint64-n {
+			return malformed("item %q: total length overflows", it.Key)
+		}
+		total += n
+	}
+	return nil
+}
+
+// validate checks a run on its own: a non-zero length, a count of 1 to
+// MaxRunCount, a stride of at least the length when the count is over 1 (the
+// ranges ascend and do not overlap), and an end (Run.End) that does not
+// overflow uint64.
+func (r Run) validate() error {
+	switch {
+	case r.Length == 0:
+		return malformed("length 0")
+	case r.Count == 0 || r.Count > MaxRunCount:
+		return malformed("count %d, want 1 to %d", r.Count, MaxRunCount)
+	case r.Count > 1 && r.Stride < r.Length:
+		return malformed("stride %d under length %d: a run's ranges must not overlap", r.Stride, r.Length)
+	}
+	hi, span := bits.Mul64(uint64(r.Count-1), r.Stride)
+	if hi != 0 || r.Offset > math.MaxUint64-span || r.Offset+span > math.MaxUint64-r.Length {
+		return malformed("offset %#x + %d strides of %d + length %d overflows", r.Offset, r.Count-1, r.Stride, r.Length)
+	}
+	return nil
+}
+
 func validItems(items []Item) error {
 	if len(items) > MaxItems {
 		return malformed("%d items, at most %d", len(items), MaxItems)
 	}
+	spans := 0
 	for i := range items {
 		if err := items[i].Validate(); err != nil {
 			return fmt.Errorf("items[%d]: %w", i, err)
+		}
+		if spans += items[i].Spans(); spans > MaxBatchRanges {
+			return malformed("items[%d]: the batch's items name more than %d ranges, runs expanded", i, MaxBatchRanges)
 		}
 	}
 	return nil

@@ -44,16 +44,18 @@ func putItems(pages, parts, ranges int) []Item {
 // samples returns a message of every type, with every field set.
 func samples() []Message {
 	return []Message{
-		&Hello{Version: Version, ClientName: "sglang-tp0 ✓", PID: 4242},
+		&Hello{Version: Version, ClientName: "sglang-tp0 ✓", PID: 4242, Revision: Revision},
 		&HelloReply{ClientID: 1 << 40, ServerVersion: "strata v0.3.0", MaxBatch: 128, ClockNS: 1<<62 + 5,
-			InstanceID: 0xfedcba9876543210, ContentID: 1<<63 | 7, Starting: true, ReadyPercent: 37, Warm: true},
+			InstanceID: 0xfedcba9876543210, ContentID: 1<<63 | 7, Starting: true, ReadyPercent: 37, Warm: true, Revision: Revision},
 		&RegisterSegment{Size: 3 << 30, Name: "kv", Fence: true},
 		&RegisterSegmentReply{SegmentID: 7},
 		&UnregisterSegment{SegmentID: 7},
 		&Exists{Keys: []string{key(1), key(2), "model:" + key(3)}, Format: 0xfedcba9876543210},
 		&ExistsReply{Present: 2},
 		&Put{Items: putItems(3, 2, 2), DeadlineNS: 1<<63 + 7, FenceSlot: FenceSlots},
-		&Get{Items: []Item{{Key: key(9), Format: 1, Ranges: []Range{{Segment: 0, Offset: 0, Length: 1}, {Segment: 1<<32 - 1, Offset: 1<<64 - 2, Length: 1}}}}, DeadlineNS: 123456789, FenceSlot: 1},
+		&Get{Items: []Item{{Key: key(9), Format: 1, Ranges: []Range{{Segment: 0, Offset: 0, Length: 1}, {Segment: 1<<32 - 1, Offset: 1<<64 - 2, Length: 1}}},
+			{Key: key(10), Format: 1, Runs: []Run{{Segment: 3, Offset: 1 << 20, Length: 1152, Stride: 1 << 24, Count: 61}, {Segment: 1<<32 - 1, Offset: 1<<64 - 3, Length: 2, Count: 1}}}},
+			DeadlineNS: 123456789, FenceSlot: 1},
 		&BatchReply{Results: []Result{{Status: OK}, {Status: NotFound}, {Status: BadRange, Message: "range [0x10, +4096) is outside segment 3; allocate with shm"}, {Status: Unavailable}}},
 		&Remove{Keys: []string{key(1), " ~printable~ "}},
 		&RemoveReply{Removed: 1},
