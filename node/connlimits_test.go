@@ -452,7 +452,7 @@ func TestRequestMemoryBudget(t *testing.T) {
 	// A Get of about 1.3 MiB on the wire: each costs about 5 MiB of the 16.
 	items := make([]wire.Item, wire.MaxItems)
 	for i := range items {
-		items[i] = item(fmt.Sprintf("%0300d", i), seg, 0, 4096)
+		items[i] = item(fmt.Sprintf("%0300d", i), seg, uint64(i)*256, 256) // its own bytes: a Get's items must not overlap
 	}
 	frame, err := wire.AppendFrame(nil, 1, wire.Get{Items: items})
 	if err != nil {

@@ -131,43 +131,91 @@ type resolved struct {
 	win *window
 }
 
-// resolve maps an item's ranges onto the client's segments, taking a reference on
-// each segment used. Ranges outside the client's own segments are refused with a
-// message that lists the client's segments.
+// inside reports whether the n bytes at off lie in seg (nil: no such segment).
+func inside(seg *segment, off, n uint64) bool {
+	return seg != nil && off <= uint64(len(seg.mem)) && n <= uint64(len(seg.mem))-off
+}
+
+// runInside reports whether every range of run lies in seg: its ranges
+// ascend, so the first range's start and the last one's end (wire.Run.End)
+// tell.
+func runInside(seg *segment, run wire.Run) bool {
+	return inside(seg, run.Offset, run.End()-run.Offset)
+}
+
+// resolve maps an item's ranges (or its runs' ranges) onto the client's
+// segments, taking a reference on each segment used. Ranges outside the
+// client's own segments are refused with a message that lists the client's
+// segments.
 func (c *session) resolve(it wire.Item, w *window) (resolved, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r := resolved{win: w}
+	fail := func() (resolved, error) {
+		for _, s := range r.refs {
+			s.refs.Done()
+		}
+		return resolved{}, wire.BadRange.Error()
+	}
+	hold := func(seg *segment) {
+		if !slices.Contains(r.refs, seg) {
+			seg.refs.Add(1)
+			r.refs = append(r.refs, seg)
+		}
+	}
 	for _, rg := range it.Ranges {
 		seg := c.segments[rg.Segment]
-		if seg == nil || rg.Offset > uint64(len(seg.mem)) || rg.Length > uint64(len(seg.mem))-rg.Offset {
-			for _, s := range r.segs {
-				s.refs.Done()
-			}
-			return resolved{}, wire.BadRange.Error()
+		if !inside(seg, rg.Offset, rg.Length) {
+			return fail()
 		}
-		seg.refs.Add(1)
+		hold(seg)
 		r.segs = append(r.segs, seg)
 		r.runs = append(r.runs, seg.mem[rg.Offset:rg.Offset+rg.Length:rg.Offset+rg.Length])
 		r.size += int64(rg.Length)
 	}
-	r.refs = r.segs
+	for _, run := range it.Runs {
+		seg := c.segments[run.Segment]
+		if !runInside(seg, run) {
+			return fail()
+		}
+		hold(seg)
+		r.runs = appendRun(r.runs, seg.mem, run)
+		for range run.Count {
+			r.segs = append(r.segs, seg)
+		}
+		r.size += int64(run.Count) * int64(run.Length)
+	}
 	return r, nil
+}
+
+// appendRun appends the ranges of run, which lies in mem (runInside), to runs.
+func appendRun(runs [][]byte, mem []byte, run wire.Run) [][]byte {
+	runs = slices.Grow(runs, int(run.Count))
+	for k, off := uint32(0), run.Offset; k < run.Count; k, off = k+1, off+run.Stride {
+		runs = append(runs, mem[off:off+run.Length:off+run.Length])
+	}
+	return runs
 }
 
 // batchRanges is every item of a Put or Get resolved onto the client's
 // segments at once: one lock, a few allocations and one reference per segment
 // for the whole batch, instead of a lock, two allocations and a reference per
 // range of each item, which cost more than copying an object of a few KiB.
+// An item's runs are expanded into its ranges here, each range checked
+// inside its segment.
 type batchRanges struct {
 	runs []([]byte)
 	segs []*segment // segs[j] holds runs[j]
 	// items[i] places item i's runs in runs; its size is -1 when a range lies
-	// outside the client's segments.
+	// outside the client's segments, or overlaps another item's (a Get; see
+	// overlap).
 	items []batchItem
 	held  []*segment // each segment used, referenced once until done
 	bytes int64      // of the items that resolved
 	win   *window    // the request's, for every item
+	// overlap says why each item refused for overlapping another is refused
+	// (overlap.go); nil when none is.
+	overlap map[int]string
 }
 
 type batchItem struct {
@@ -176,36 +224,53 @@ type batchItem struct {
 }
 
 // resolveBatch resolves every item's ranges (see resolve). An item with a range
-// outside the client's segments is marked, not refused here: item tells.
-func (c *session) resolveBatch(items []wire.Item, w *window) *batchRanges {
+// outside the client's segments is marked, not refused here: item tells. For
+// a Get (into), items whose ranges overlap another item's are marked too
+// (refuseOverlaps).
+func (c *session) resolveBatch(items []wire.Item, w *window, into bool) *batchRanges {
 	total := 0
 	for i := range items {
-		total += len(items[i].Ranges)
+		total += items[i].Spans()
 	}
 	b := &batchRanges{runs: make([][]byte, 0, total), segs: make([]*segment, 0, total), items: make([]batchItem, len(items)), win: w}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	var last *segment
+	find := func(id uint32) *segment {
+		if last != nil && last.id == id {
+			return last
+		}
+		seg := c.segments[id]
+		if seg != nil && !slices.Contains(b.held, seg) {
+			seg.refs.Add(1)
+			b.held = append(b.held, seg)
+		}
+		last = seg
+		return seg
+	}
 	for i := range items {
 		first := len(b.runs)
 		size := int64(0)
 		for _, rg := range items[i].Ranges {
-			seg := last
-			if seg == nil || seg.id != rg.Segment {
-				seg = c.segments[rg.Segment]
-			}
-			if seg == nil || rg.Offset > uint64(len(seg.mem)) || rg.Length > uint64(len(seg.mem))-rg.Offset {
+			seg := find(rg.Segment)
+			if !inside(seg, rg.Offset, rg.Length) {
 				size = -1
 				break
 			}
-			if seg != last && !slices.Contains(b.held, seg) {
-				seg.refs.Add(1)
-				b.held = append(b.held, seg)
-			}
-			last = seg
 			b.runs = append(b.runs, seg.mem[rg.Offset:rg.Offset+rg.Length:rg.Offset+rg.Length])
 			b.segs = append(b.segs, seg)
 			size += int64(rg.Length)
+		}
+		for _, run := range items[i].Runs {
+			seg := find(run.Segment)
+			if size < 0 || !runInside(seg, run) {
+				size = -1
+				break
+			}
+			b.runs = appendRun(b.runs, seg.mem, run)
+			for range run.Count {
+				b.segs = append(b.segs, seg)
+			}
+			size += int64(run.Count) * int64(run.Length)
 		}
 		if size < 0 {
 			b.runs, b.segs = b.runs[:first], b.segs[:first]
@@ -214,12 +279,17 @@ func (c *session) resolveBatch(items []wire.Item, w *window) *batchRanges {
 		}
 		b.items[i] = batchItem{first: int32(first), end: int32(len(b.runs)), size: size}
 	}
+	c.mu.Unlock()
+	if into {
+		b.refuseOverlaps(items)
+	}
 	return b
 }
 
 // item returns item i's ranges, or false when one lies outside the client's
-// segments, or in a segment that faulted (and was dropped) since the batch was
-// resolved: such an item fails as it would have had it been resolved on its own.
+// segments or overlaps another item's, or lies in a segment that faulted (and
+// was dropped) since the batch was resolved: such an item fails as it would
+// have had it been resolved on its own.
 func (b *batchRanges) item(i int) (resolved, bool) {
 	it := b.items[i]
 	if it.size < 0 {
@@ -242,8 +312,10 @@ func (b *batchRanges) done() {
 	b.held = nil
 }
 
-// badRange explains a refused range.
-func (c *session) badRange(it wire.Item) string {
+// badRange explains a refused range of it, item i of its request (-1: not
+// known), naming the range or the run that lies outside the client's
+// segments.
+func (c *session) badRange(it wire.Item, i int) string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var have []string
@@ -253,15 +325,25 @@ func (c *session) badRange(it wire.Item) string {
 	if len(have) == 0 {
 		have = []string{"none"}
 	}
-	for _, rg := range it.Ranges {
-		seg := c.segments[rg.Segment]
-		if seg == nil || rg.Offset > uint64(len(seg.mem)) || rg.Length > uint64(len(seg.mem))-rg.Offset {
-			return fmt.Sprintf("object %s: range [%#x, +%d) of segment %d is not inside a segment this client registered (it has: %s); "+
-				"allocate host pools with the shm allocator (storage.HostAllocator over the node backend) and register them",
-				it.Key, rg.Offset, rg.Length, rg.Segment, strings.Join(have, ", "))
+	slices.Sort(have)
+	name := "object " + it.Key
+	if i >= 0 {
+		name = fmt.Sprintf("object %s (item %d)", it.Key, i)
+	}
+	const fix = "allocate host pools with the shm allocator (storage.HostAllocator over the node backend) and register them"
+	for j, rg := range it.Ranges {
+		if !inside(c.segments[rg.Segment], rg.Offset, rg.Length) {
+			return fmt.Sprintf("%s: range %d, [%#x, +%d) of segment %d, is not inside a segment this client registered (it has: %s); %s",
+				name, j, rg.Offset, rg.Length, rg.Segment, strings.Join(have, ", "), fix)
 		}
 	}
-	return "range outside the client's segments"
+	for j, run := range it.Runs {
+		if !runInside(c.segments[run.Segment], run) {
+			return fmt.Sprintf("%s: run %d, %d ranges of %d bytes every %d bytes in [%#x, %#x) of segment %d, is not inside a segment this client registered (it has: %s); %s",
+				name, j, run.Count, run.Length, run.Stride, run.Offset, run.End(), run.Segment, strings.Join(have, ", "), fix)
+		}
+	}
+	return name + ": a range outside the client's segments"
 }
 
 func (r resolved) done() {

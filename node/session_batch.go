@@ -48,8 +48,8 @@ func (c *session) handleBatch(id uint64, msg wire.Message) {
 		ctx, cancel := w.context(ctx)
 		defer cancel()
 		results := make([]wire.Result, len(m.Items))
-		c.eachItem(m.Items, w, func(i int, r resolved, t *tally) { results[i] = c.putResolved(ctx, m.Items[i], r, t) },
-			func(i int) { results[i] = c.refuseRange(m.Items[i]) }, c.flushPuts)
+		c.eachItem(m.Items, w, false, func(i int, r resolved, t *tally) { results[i] = c.putResolved(ctx, m.Items[i], r, t) },
+			results, c.flushPuts)
 		c.unscope(results)
 		c.reply(id, wire.TypeBatchReply, wire.BatchReply{Results: results})
 	case *wire.Get:
@@ -59,8 +59,8 @@ func (c *session) handleBatch(id uint64, msg wire.Message) {
 		defer cancel()
 		results := make([]wire.Result, len(m.Items))
 		if !c.getSmall(ctx, m.Items, w, results) {
-			c.eachItem(m.Items, w, func(i int, r resolved, t *tally) { results[i] = c.getResolved(ctx, m.Items[i], r, t) },
-				func(i int) { results[i] = c.refuseRange(m.Items[i]) }, c.flushGets)
+			c.eachItem(m.Items, w, true, func(i int, r resolved, t *tally) { results[i] = c.getResolved(ctx, m.Items[i], r, t) },
+				results, c.flushGets)
 		}
 		if s.remote != nil {
 			var missed []int
@@ -105,12 +105,13 @@ type tally struct {
 	_                    [40]byte
 }
 
-// eachItem serves the items of a Put or Get: it resolves their ranges at once
-// (resolveBatch), calls serve for each item that resolved and refuse for each
-// that did not, on the request's goroutine for a small batch and on up to
-// CopyWorkers goroutines otherwise, and hands the workers' tallies to flush.
-func (c *session) eachItem(items []wire.Item, w *window, serve func(i int, r resolved, t *tally), refuse func(i int), flush func([]tally)) {
-	b := c.resolveBatch(items, w)
+// eachItem serves the items of a Put or Get (into: a Get): it resolves their
+// ranges at once (resolveBatch), calls serve for each item that resolved and
+// answers in results each that did not, on the request's goroutine for a
+// small batch and on up to CopyWorkers goroutines otherwise, and hands the
+// workers' tallies to flush.
+func (c *session) eachItem(items []wire.Item, w *window, into bool, serve func(i int, r resolved, t *tally), results []wire.Result, flush func([]tally)) {
+	b := c.resolveBatch(items, w, into)
 	defer b.done()
 	workers := 1
 	if b.bytes >= inlineBatchBytes {
@@ -121,7 +122,7 @@ func (c *session) eachItem(items []wire.Item, w *window, serve func(i int, r res
 		if r, ok := b.item(i); ok {
 			serve(i, r, &tallies[w])
 		} else {
-			refuse(i)
+			results[i] = c.refuseIn(b, items, i)
 		}
 	})
 	flush(tallies)
@@ -191,7 +192,20 @@ func (s *Server) has(ctx context.Context, key string, format uint64) bool {
 }
 
 // refuseRange answers an item with a range outside the client's segments.
-func (c *session) refuseRange(it wire.Item) wire.Result {
+func (c *session) refuseRange(it wire.Item) wire.Result { return c.refuseItem(it, -1) }
+
+// refuseItem is refuseRange for item i of its request.
+func (c *session) refuseItem(it wire.Item, i int) wire.Result {
 	c.srv.st.badRanges.Add(1)
-	return wire.Result{Status: wire.BadRange, Message: wire.ClipMessage(c.badRange(it))}
+	return wire.Result{Status: wire.BadRange, Message: wire.ClipMessage(c.badRange(it, i))}
+}
+
+// refuseIn answers item i of a batch that b did not resolve: a range outside
+// the client's segments, or memory another item of a Get names too.
+func (c *session) refuseIn(b *batchRanges, items []wire.Item, i int) wire.Result {
+	if why, ok := b.overlap[i]; ok {
+		c.srv.st.badRanges.Add(1)
+		return wire.Result{Status: wire.BadRange, Message: wire.ClipMessage(why)}
+	}
+	return c.refuseItem(items[i], i)
 }

@@ -36,7 +36,8 @@ func (c *session) handleHello(id uint64, m *wire.Hello) bool {
 	c.srv.log.Info("client connected", "client", c.id, "name", c.name, "pid", c.pid)
 	st := c.srv.startStats(c.srv.arena.Stats())
 	c.reply(id, wire.TypeHelloReply, wire.HelloReply{ClientID: c.id, ServerVersion: serverVersion(), MaxBatch: MaxBatchObjects, ClockNS: monoNow(),
-		InstanceID: st.InstanceID, ContentID: st.ContentID, Starting: st.State != StateReady, ReadyPercent: uint32(st.ReadyPercent), Warm: st.Warm})
+		InstanceID: st.InstanceID, ContentID: st.ContentID, Starting: st.State != StateReady, ReadyPercent: uint32(st.ReadyPercent), Warm: st.Warm,
+		Revision: min(wire.RevisionOf(m.Revision), wire.Revision)})
 	return true
 }
 

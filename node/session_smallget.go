@@ -73,6 +73,16 @@ func smallBatch(items []wire.Item) bool {
 				return false
 			}
 		}
+		for _, r := range items[i].Runs {
+			// A run is at most MaxRunCount ranges: the product does not
+			// overflow once the length is under inlineBatchBytes.
+			if r.Length >= inlineBatchBytes {
+				return false
+			}
+			if n += uint64(r.Count) * r.Length; n >= inlineBatchBytes {
+				return false
+			}
+		}
 	}
 	return len(items) > 0
 }
@@ -85,7 +95,7 @@ func (c *session) copyHits(items []wire.Item, b *batchRanges, sc *getScratch, re
 		r, ok := b.item(i)
 		switch {
 		case !ok:
-			results[i] = c.refuseRange(items[i])
+			results[i] = c.refuseIn(b, items, i)
 		case sc.errs[i] == nil:
 			if results[i] = c.copyLease(&sc.leases[i], items[i], r); results[i].Status == wire.OK {
 				t.hits++
@@ -109,7 +119,7 @@ func (c *session) getSmall(ctx context.Context, items []wire.Item, w *window, re
 	if !smallBatch(items) || !c.lease(items, &sc) {
 		return false
 	}
-	b := c.resolveBatch(items, w)
+	b := c.resolveBatch(items, w, true)
 	defer b.done()
 	var t [1]tally
 	left := c.copyHits(items, b, &sc, results, &t[0])
@@ -152,7 +162,7 @@ func (c *session) getInArena(id uint64, m *wire.Get) bool {
 	}
 	results := sc.results[:n]
 	clear(results)
-	b := c.resolveBatch(m.Items, c.newWindow(m.DeadlineNS, m.FenceSlot))
+	b := c.resolveBatch(m.Items, c.newWindow(m.DeadlineNS, m.FenceSlot), true)
 	var t [1]tally
 	c.copyHits(m.Items, b, sc, results, &t[0])
 	sc.done(s.arena)

@@ -712,7 +712,8 @@ func (h *soakHostile) hugeGet(c *soakConn, seg uint32) error {
 		for i := range h.huge {
 			r := ranges[i*wire.MaxRanges : (i+1)*wire.MaxRanges]
 			for j := range r {
-				r[j] = wire.Range{Offset: uint64(j * 16), Length: 16}
+				// Bytes of its own for every item: a Get's items must not overlap.
+				r[j] = wire.Range{Offset: uint64(i*wire.MaxRanges + j), Length: 1}
 			}
 			h.huge[i] = wire.Item{Key: fmt.Sprintf("hostile/none/%d", i), Format: soakFormat, Ranges: r}
 		}
