@@ -56,7 +56,7 @@ func (b *Backend) Put(ctx context.Context, poolName string, keys []pagekey.Key, 
 
 func (b *Backend) batch(ctx context.Context, t wire.Type, poolName string, keys []pagekey.Key, pages []pool.PageID) []error {
 	for attempt := 0; ; attempt++ {
-		p, seg, conn, err := b.pool(poolName)
+		p, seg, conn, runs, err := b.poolRuns(poolName)
 		if err != nil {
 			return storage.FailAll(len(keys), err)
 		}
@@ -70,7 +70,7 @@ func (b *Backend) batch(ctx context.Context, t wire.Type, poolName string, keys 
 		if rb == nil {
 			rb = new(requestBuffers)
 		}
-		msg, items := batchRequest(t, p, seg, keys, pages, rb)
+		msg, items := batchRequest(t, p, seg, runs, keys, pages, rb)
 		if b.hooks.beforeSend != nil {
 			b.hooks.beforeSend()
 		}
@@ -109,6 +109,7 @@ func (b *Backend) batch(ctx context.Context, t wire.Type, poolName string, keys 
 type requestBuffers struct {
 	items  []wire.Item
 	ranges []wire.Range
+	runs   []wire.Run
 	buf    []byte
 	keyAt  [][2]int32
 }
@@ -124,7 +125,7 @@ func (rb *requestBuffers) recycle(pool *sync.Pool) {
 		return
 	}
 	clear(rb.items)
-	rb.items, rb.ranges, rb.buf, rb.keyAt = rb.items[:0], rb.ranges[:0], rb.buf[:0], rb.keyAt[:0]
+	rb.items, rb.ranges, rb.runs, rb.buf, rb.keyAt = rb.items[:0], rb.ranges[:0], rb.runs[:0], rb.buf[:0], rb.keyAt[:0]
 	pool.Put(rb)
 }
 
@@ -139,14 +140,23 @@ func (rb *requestBuffers) recycle(pool *sync.Pool) {
 // request is encoded and rb recycled), and the items' ranges share one array
 // (sized for the one range of a page_first pool's part; an item with more
 // grows its own). The request is encoded and dropped; nothing keeps a key.
-func batchRequest(t wire.Type, p *poolReg, seg uint32, keys []pagekey.Key, pages []pool.PageID, rb *requestBuffers) (wire.Message, int) {
+//
+// With runs (the connection's revision is 2 or later) a part whose span is
+// equally spaced ranges of one length (a layer_first pool's: one per layer)
+// is one wire.Run instead of a range per layer: 61 ranges of an MLA page
+// become one run, O(1) bytes of request a part.
+func batchRequest(t wire.Type, p *poolReg, seg uint32, runs bool, keys []pagekey.Key, pages []pool.PageID, rb *requestBuffers) (wire.Message, int) {
 	parts := p.names.Parts()
 	n := len(keys) * parts
 	items := slices.Grow(rb.items[:0], n)
 	ranges := slices.Grow(rb.ranges[:0], n)
+	wruns := rb.runs[:0]
+	if runs {
+		wruns = slices.Grow(wruns, n)
+	}
 	buf := slices.Grow(rb.buf[:0], n*(96+len(p.names.ModelPrefix)+len(p.spec.Name)))
 	keyAt := slices.Grow(rb.keyAt[:0], n) // each key's start and end in buf
-	defer func() { rb.items, rb.ranges, rb.buf, rb.keyAt = items, ranges, buf, keyAt }()
+	defer func() { rb.items, rb.ranges, rb.runs, rb.buf, rb.keyAt = items, ranges, wruns, buf, keyAt }()
 	// A part's span moves by the same step from each page to the next in every
 	// layout (kvlayout.Layout.Offset is affine in the slot, the rest of a span
 	// does not depend on the page): computed once a batch, not once an item.
@@ -170,16 +180,23 @@ func batchRequest(t wire.Type, p *poolReg, seg uint32, keys []pagekey.Key, pages
 			}
 			span := spans[part]
 			span.Offset += int64(pages[i]) * steps[part]
-			first := len(ranges)
-			if span.Contiguous() {
+			it := wire.Item{Format: p.format}
+			switch first := len(ranges); {
+			case span.Contiguous():
 				ranges = append(ranges, wire.Range{Segment: seg, Offset: uint64(span.Offset), Length: uint64(span.Bytes())})
-			} else {
+				it.Ranges = ranges[first:len(ranges):len(ranges)]
+			case runs && span.Count <= wire.MaxRunCount && span.Stride >= span.RunBytes:
+				wruns = append(wruns, wire.Run{Segment: seg, Offset: uint64(span.Offset), Length: uint64(span.RunBytes),
+					Stride: uint64(span.Stride), Count: uint32(span.Count)})
+				it.Runs = wruns[len(wruns)-1 : len(wruns) : len(wruns)]
+			default:
 				for r := 0; r < span.Count; r++ {
 					ranges = append(ranges, wire.Range{Segment: seg, Offset: uint64(span.Offset + int64(r)*span.Stride), Length: uint64(span.RunBytes)})
 				}
+				it.Ranges = ranges[first:len(ranges):len(ranges)]
 			}
 			// Offsets for now: buf may still move as it grows.
-			items = append(items, wire.Item{Format: p.format, Ranges: ranges[first:len(ranges):len(ranges)]})
+			items = append(items, it)
 			keyAt = append(keyAt, [2]int32{int32(start), int32(len(buf))})
 		}
 	}

@@ -66,7 +66,7 @@ func (b *Backend) connect() (chan struct{}, error) {
 		}
 		return nil, err
 	}
-	m, err := roundTrip(ctx, conn, wire.TypeHello, wire.Hello{Version: wire.Version, ClientName: b.cfg.ClientName, PID: int32(os.Getpid())})
+	m, err := roundTrip(ctx, conn, wire.TypeHello, wire.Hello{Version: wire.Version, ClientName: b.cfg.ClientName, PID: int32(os.Getpid()), Revision: wire.Revision})
 	if err != nil {
 		return fail(err)
 	}
@@ -75,6 +75,9 @@ func (b *Backend) connect() (chan struct{}, error) {
 		return fail(fmt.Errorf("node service answered %T to Hello: %w", m, storage.ErrIO))
 	}
 	l = newLink(ctx, conn, hello, clockNow(), b.log, b.cfg.Socket)
+	// Runs only where the service said it takes them: an older one answers
+	// no revision (1), and gets ranges.
+	l.runs = wire.RevisionOf(hello.Revision) >= 2
 	// Before the connection is published (and Epoch moves): a cache that sees
 	// the new epoch sees the new content epoch too.
 	emptied := b.noteContent(hello.ContentID)

@@ -35,12 +35,17 @@ type fakeService struct {
 	// onBatch runs when connection n has received a Put or Get, before the
 	// reply; drop true closes the connection instead of answering.
 	onBatch func(n int) (drop bool)
+	// revision is what HelloReply.Revision says: 0, as a service before
+	// revisions answers, unless a test sets it.
+	revision uint32
 
 	mu         sync.Mutex
 	closed     bool
 	conns      []*wire.Conn
 	segments   []map[uint32]string // per connection: segment id -> pool name
 	batches    []int               // per connection: Put and Get requests served
+	runItems   []int               // per connection: items named by runs
+	rangeItems []int               // per connection: items named by ranges
 	violations []string
 }
 
@@ -82,6 +87,7 @@ func (f *fakeService) serve() {
 			f.conns = append(f.conns, conn)
 			f.segments = append(f.segments, map[uint32]string{})
 			f.batches = append(f.batches, 0)
+			f.runItems, f.rangeItems = append(f.runItems, 0), append(f.rangeItems, 0)
 			f.mu.Unlock()
 			f.wg.Add(1)
 			go func() {
@@ -108,7 +114,12 @@ func (f *fakeService) session(n int, conn *wire.Conn) {
 		switch m := msg.(type) {
 		case *wire.Hello:
 			f.onHello(n)
-			rt, reply = wire.TypeHelloReply, wire.HelloReply{ClientID: uint64(n + 1), MaxBatch: wire.MaxItems}
+			rt, reply = wire.TypeHelloReply, wire.HelloReply{ClientID: uint64(n + 1), MaxBatch: wire.MaxItems, Revision: f.revision}
+			if m.Revision != wire.Revision {
+				f.mu.Lock()
+				f.violations = append(f.violations, fmt.Sprintf("connection %d: Hello revision %d, want %d", n, m.Revision, wire.Revision))
+				f.mu.Unlock()
+			}
 		case *wire.RegisterSegment:
 			if f.onRegister(n, m.Name) {
 				return
@@ -154,10 +165,25 @@ func (f *fakeService) check(n int, items []wire.Item) {
 		if strings.Contains(it.Key, "_draft_") {
 			want = "draft"
 		}
+		segs := make([]uint32, 0, len(it.Ranges)+len(it.Runs))
 		for _, r := range it.Ranges {
-			if got, ok := f.segments[n][r.Segment]; !ok || got != want {
+			segs = append(segs, r.Segment)
+		}
+		for _, r := range it.Runs {
+			segs = append(segs, r.Segment)
+		}
+		if len(it.Runs) > 0 {
+			f.runItems[n]++
+			if f.revision < 2 {
+				f.violations = append(f.violations, fmt.Sprintf("connection %d: object %s named by runs on a connection of revision %d", n, it.Key, f.revision))
+			}
+		} else {
+			f.rangeItems[n]++
+		}
+		for _, seg := range segs {
+			if got, ok := f.segments[n][seg]; !ok || got != want {
 				f.violations = append(f.violations, fmt.Sprintf("connection %d: object %s of pool %q names segment %d, which is %q there",
-					n, it.Key, want, r.Segment, got))
+					n, it.Key, want, seg, got))
 			}
 		}
 	}
@@ -185,6 +211,13 @@ func (f *fakeService) served(n int) int {
 		return 0
 	}
 	return f.batches[n]
+}
+
+// forms is how many items connection n saw named by runs and by ranges.
+func (f *fakeService) forms(n int) (runs, ranges int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.runItems[n], f.rangeItems[n]
 }
 
 // registered is connection n's segments by pool name.

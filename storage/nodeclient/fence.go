@@ -48,6 +48,9 @@ type link struct {
 	slots     chan uint32 // free fence slots
 	// peerClosed is closed when the reader saw the service end the connection.
 	peerClosed chan struct{}
+	// runs: the connection's revision is 2 or later, and requests on it
+	// name a part of equally spaced ranges as one wire.Run.
+	runs bool
 	// calls counts the calls that took the link (callOn, under Backend.mu
 	// while the link was live): the fence page is unmapped after the last.
 	calls sync.WaitGroup

@@ -166,22 +166,30 @@ func (b *Backend) registerLive(ctx context.Context, p *poolReg, conn *wire.Conn)
 // that segment id is valid on: a request built from them must go on that
 // connection only.
 func (b *Backend) pool(name string) (*poolReg, uint32, *wire.Conn, error) {
+	p, seg, conn, _, err := b.poolRuns(name)
+	return p, seg, conn, err
+}
+
+// poolRuns is pool, and whether requests on the connection may name runs
+// (its revision is 2 or later).
+func (b *Backend) poolRuns(name string) (*poolReg, uint32, *wire.Conn, bool, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
-		return nil, 0, nil, fmt.Errorf("node client: %w", storage.ErrClosed)
+		return nil, 0, nil, false, fmt.Errorf("node client: %w", storage.ErrClosed)
 	}
 	p := b.pools[name]
 	switch {
 	case p == nil:
-		return nil, 0, nil, fmt.Errorf("node client: pool %q: %w", name, storage.ErrNotRegistered)
+		return nil, 0, nil, false, fmt.Errorf("node client: pool %q: %w", name, storage.ErrNotRegistered)
 	case p.refused != nil && p.conn == b.conn:
-		return nil, 0, nil, fmt.Errorf("node client: pool %q: %w: %w", name, p.refused, storage.ErrNotRegistered)
+		return nil, 0, nil, false, fmt.Errorf("node client: pool %q: %w: %w", name, p.refused, storage.ErrNotRegistered)
 	case b.conn == nil || p.conn != b.conn || p.segment == 0:
 		b.conns.refused.Add(1)
-		return nil, 0, nil, fmt.Errorf("node client: not connected to %s (reconnecting): %w", b.cfg.Socket, storage.ErrUnavailable)
+		return nil, 0, nil, false, fmt.Errorf("node client: not connected to %s (reconnecting): %w", b.cfg.Socket, storage.ErrUnavailable)
 	}
-	return p, p.segment, b.conn, nil
+	l := b.links[b.conn]
+	return p, p.segment, b.conn, l != nil && l.runs, nil
 }
 
 // partTails returns each part's name suffix when the names of a page's parts

@@ -65,8 +65,12 @@ func TestBatchRequestNamesAndRanges(t *testing.T) {
 			if (p.tails != nil) != c.shared {
 				t.Fatalf("part tails %q", p.tails)
 			}
-			for _, typ := range []wire.Type{wire.TypeGet, wire.TypePut} {
-				msg, n := batchRequest(typ, p, 4, keys, pages, rb)
+			for _, c := range []struct {
+				typ  wire.Type
+				runs bool
+			}{{wire.TypeGet, false}, {wire.TypePut, false}, {wire.TypeGet, true}, {wire.TypePut, true}} {
+				typ := c.typ
+				msg, n := batchRequest(typ, p, 4, c.runs, keys, pages, rb)
 				var items []wire.Item
 				switch m := msg.(type) {
 				case wire.Get:
@@ -91,8 +95,21 @@ func TestBatchRequestNamesAndRanges(t *testing.T) {
 						if span.Contiguous() {
 							runs = []wire.Range{{Segment: 4, Offset: uint64(span.Offset), Length: uint64(span.Bytes())}}
 						}
-						if fmt.Sprint(it.Ranges) != fmt.Sprint(runs) {
-							t.Errorf("page %d part %d: ranges %v, want %v", i, part, it.Ranges, runs)
+						got := it.Ranges
+						if c.runs && !span.Contiguous() {
+							// One run for the part's equally spaced ranges.
+							if len(it.Ranges) != 0 || len(it.Runs) != 1 {
+								t.Fatalf("page %d part %d: %d ranges and %d runs, want one run", i, part, len(it.Ranges), len(it.Runs))
+							}
+							got = nil
+							for r := range int(it.Runs[0].Count) {
+								got = append(got, it.Runs[0].Range(r))
+							}
+						} else if len(it.Runs) != 0 {
+							t.Errorf("page %d part %d: runs %v, want ranges only", i, part, it.Runs)
+						}
+						if fmt.Sprint(got) != fmt.Sprint(runs) {
+							t.Errorf("page %d part %d (runs %v): ranges %v, want %v", i, part, c.runs, got, runs)
 						}
 					}
 				}
