@@ -390,6 +390,15 @@ class Client(_Registrar):
             )
         return conn
 
+    @property
+    def revision(self) -> int:
+        """The live connection's protocol revision (Connection.revision); 0
+        when not connected. A request built for one connection's revision is
+        sent on that connection (resolve, snapshot), never on another."""
+        with self._lock:
+            conn = self._conn
+        return 0 if conn is None or conn.closed else conn.revision
+
     def call(self, msg, timeout: Optional[float] = None, body: Optional[bytes] = None):
         """One request on the live connection, with a deadline."""
         conn = self.snapshot()

@@ -26,6 +26,36 @@ _logger = logging.getLogger("strata_client")  # the default: Client passes its o
 # its full deadline for as long as it keeps the socket open.
 MAX_TIMEOUTS = 2
 
+# A troubleshooting switch: the highest protocol revision the client offers in
+# its Hello (1 to wire.REVISION; unset: wire.REVISION). STRATA_WIRE_REVISION=1
+# names every page by ranges, as before revision 2 (no strided runs).
+REVISION_ENV = "STRATA_WIRE_REVISION"
+_warned_env = set()
+
+
+def offered_revision(logger: Optional[logging.Logger] = None) -> int:
+    """The revision a Hello offers: $STRATA_WIRE_REVISION, else wire.REVISION."""
+    v = os.environ.get(REVISION_ENV, "").strip()
+    if not v:
+        return wire.REVISION
+    try:
+        r = int(v)
+    except ValueError:
+        r = 0
+    if not 1 <= r <= wire.REVISION:
+        if v in _warned_env:
+            return wire.REVISION
+        _warned_env.add(v)  # once a value, not at every reconnect
+        (logger or _logger).warning(
+            "strata: %s=%r is not a protocol revision (1 to %d); offering %d",
+            REVISION_ENV,
+            v,
+            wire.REVISION,
+            wire.REVISION,
+        )
+        return wire.REVISION
+    return r
+
 
 class _Slot:
     __slots__ = ("event", "msg", "err")
@@ -104,12 +134,17 @@ class Connection(_Receiver):
         self._reader_done = False
         self._released = False
         self._stall_logged = False
+        # The protocol revision of the connection: the lower of the one our
+        # Hello offers and the one the service answers (1 from a service
+        # before revisions). Items are named by runs only at 2 or later.
+        offer = offered_revision(self.logger)
+        self.revision = 1
         # Hello before the reader starts: a plain round trip, by the deadline.
         try:
             sent = time.monotonic_ns()
             self._send(
                 1,
-                wire.Hello(wire.VERSION, client_name[: wire.MAX_NAME], os.getpid()),
+                wire.Hello(wire.VERSION, client_name[: wire.MAX_NAME], os.getpid(), offer),
                 deadline=deadline,
             )
             try:
@@ -124,6 +159,7 @@ class Connection(_Receiver):
             if not isinstance(msg, wire.HelloReply) or h.id != 1:
                 raise wire.Malformed(f"answered Hello with {type(msg).__name__}")
             self.rtt = (got - sent) / 1e9
+            self.revision = min(wire.revision_of(msg.revision), offer)
             if msg.clock_ns:
                 # The service read its clock before the reply arrived: as read
                 # at `got`, the offset is early by at most the round trip.

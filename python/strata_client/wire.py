@@ -10,6 +10,12 @@ protocol's limits, enum values, integer ranges, UTF-8) and raise
 A frame is a 16-byte header (magic ``ST``, version 1, message type, request id
 uint64 LE, body length uint32 LE) and a protobuf-wire body.
 
+Revisions: the framing stays version 1; Hello.revision says the highest revision
+the client speaks (REVISION), HelloReply.revision the connection's (the lower of
+the two; 0 from an older server, which is 1). Revision 2 adds Item.runs (Run):
+count ranges of one segment at a fixed stride, which a client sends only on a
+connection of revision 2 or later.
+
 The codec is split by concern: wire_messages (limits, enums, the message
 dataclasses), wire_encode, wire_decode and wire_validate. This module is the one
 the plugin imports, and holds every name of them.
@@ -49,7 +55,10 @@ from .wire_messages import (
     MAX_KEY,
     MAX_MESSAGE,
     MAX_NAME,
+    MAX_BATCH_RANGES,
     MAX_RANGES,
+    MAX_RUN_COUNT,
+    MAX_RUNS,
     MAX_STATUS,
     MAX_WINDOW,
     MESSAGE_CLASSES,
@@ -69,12 +78,14 @@ from .wire_messages import (
     REMOVE,
     REMOVE_REPLY,
     REPLY_OF,
+    REVISION,
     Range,
     RegisterSegment,
     RegisterSegmentReply,
     Remove,
     RemoveReply,
     Result,
+    Run,
     STATS,
     STATS_REPLY,
     STATUS_NAMES,
@@ -85,6 +96,7 @@ from .wire_messages import (
     UNREGISTER_SEGMENT,
     UnregisterSegment,
     VERSION,
+    revision_of,
     _BYTES,
     _FIXED32,
     _FIXED64,
@@ -97,9 +109,12 @@ from .wire_messages import (
 from .wire_validate import (
     _valid_keys,
     _valid_text,
+    _valid_runs,
     _valid_window,
     valid_item,
+    valid_items,
     valid_key,
+    valid_run,
     validate,
 )
 
@@ -118,6 +133,7 @@ from .wire_encode import (
     encode_frame,
     encode_item,
     encode_range,
+    encode_run,
     encode_window,
     varint,
 )
@@ -130,6 +146,7 @@ from .wire_decode import (
     _decode,
     _decode_item,
     _decode_range,
+    _decode_run,
     _fast_batch_reply,
     _fields,
     _i32,
@@ -149,10 +166,15 @@ from .wire_decode import (
 __all__ = [
     "MAGIC",
     "VERSION",
+    "REVISION",
+    "revision_of",
     "HEADER_SIZE",
     "MAX_BODY",
     "MAX_ITEMS",
     "MAX_RANGES",
+    "MAX_RUNS",
+    "MAX_RUN_COUNT",
+    "MAX_BATCH_RANGES",
     "MAX_KEY",
     "MAX_NAME",
     "MAX_MESSAGE",
@@ -206,6 +228,7 @@ __all__ = [
     "Exists",
     "ExistsReply",
     "Range",
+    "Run",
     "Item",
     "Put",
     "Get",
@@ -229,6 +252,7 @@ __all__ = [
     "_f_str",
     "_int32",
     "encode_range",
+    "encode_run",
     "encode_item",
     "encode_window",
     "_items",
@@ -245,6 +269,7 @@ __all__ = [
     "_status",
     "_text",
     "_decode_range",
+    "_decode_run",
     "_decode_item",
     "_keys",
     "_RESULT_OK",
@@ -257,6 +282,9 @@ __all__ = [
     "_valid_text",
     "_valid_keys",
     "valid_item",
+    "valid_items",
+    "valid_run",
+    "_valid_runs",
     "_valid_window",
     "validate",
     "REPLY_OF",

@@ -30,6 +30,7 @@ from .wire_messages import (
     MAX_MESSAGE,
     MAX_NAME,
     MAX_RANGES,
+    MAX_RUNS,
     MAX_STATUS,
     OK,
     PING,
@@ -63,6 +64,7 @@ from .wire_messages import (
     Remove,
     RemoveReply,
     Result,
+    Run,
     Stats,
     StatsReply,
     UnregisterSegment,
@@ -188,18 +190,32 @@ def _text(name, wt, v, limit):
         raise Malformed(f"{name} is not valid UTF-8") from None
 
 
-def _decode_range(b) -> Range:
-    r = Range()
+# The varint fields of a Range and a Run: number -> (attribute, whether uint32).
+_RANGE_FIELDS = {1: ("segment", True), 2: ("offset", False), 3: ("length", False)}
+_RUN_FIELDS = {**_RANGE_FIELDS, 4: ("stride", False), 5: ("count", True)}
+
+
+def _varint_message(b, m, fields):
+    """Decode b, a message of varint fields (fields), into m; return m."""
     for num, wt, v in _fields(b):
-        if num == 1:
-            r.segment = _u32("segment", wt, v)
-        elif num == 2:
-            _want("offset", wt, _VARINT)
-            r.offset = v
-        elif num == 3:
-            _want("length", wt, _VARINT)
-            r.length = v
-    return r
+        f = fields.get(num)
+        if f is None:
+            continue
+        name, u32 = f
+        if u32:
+            v = _u32(name, wt, v)
+        else:
+            _want(name, wt, _VARINT)
+        setattr(m, name, v)
+    return m
+
+
+def _decode_range(b) -> Range:
+    return _varint_message(b, Range(), _RANGE_FIELDS)
+
+
+def _decode_run(b) -> Run:
+    return _varint_message(b, Run(), _RUN_FIELDS)
 
 
 def _decode_item(b) -> Item:
@@ -215,6 +231,11 @@ def _decode_item(b) -> Item:
             if len(it.ranges) >= MAX_RANGES:
                 raise Malformed(f"more than {MAX_RANGES} ranges")
             it.ranges.append(_decode_range(v))
+        elif num == 4:
+            _want("runs", wt, _BYTES)
+            if len(it.runs) >= MAX_RUNS:
+                raise Malformed(f"more than {MAX_RUNS} runs")
+            it.runs.append(_decode_run(v))
     return it
 
 
@@ -287,7 +308,7 @@ def decode(typ: int, body) -> object:
 
 def _decode(typ: int, body):
     if typ == HELLO:
-        m = Hello(version=0)
+        m = Hello(version=0, revision=0)
         for num, wt, v in _fields(body):
             if num == 1:
                 m.version = _u32("version", wt, v)
@@ -295,6 +316,8 @@ def _decode(typ: int, body):
                 m.client_name = _text("client name", wt, v, MAX_NAME)
             elif num == 3:
                 m.pid = _i32("pid", wt, v)
+            elif num == 4:
+                m.revision = _u32("revision", wt, v)
         return m
     if typ == HELLO_REPLY:
         m = HelloReply()
@@ -325,6 +348,8 @@ def _decode(typ: int, body):
                 m.ready_percent = _u32("ready percent", wt, v)
                 if m.ready_percent > 100:
                     raise Malformed(f"ready percent {m.ready_percent} over 100")
+            elif num == 10:
+                m.revision = _u32("revision", wt, v)
         return m
     if typ == REGISTER_SEGMENT:
         m = RegisterSegment()

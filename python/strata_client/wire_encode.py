@@ -37,6 +37,7 @@ from .wire_messages import (
     Item,
     Malformed,
     Range,
+    Run,
 )
 from .wire_validate import _valid_window, validate
 
@@ -90,12 +91,24 @@ def encode_range(r: Range) -> bytes:
     return _f_varint(1, r.segment) + _f_varint(2, r.offset) + _f_varint(3, r.length)
 
 
+def encode_run(r: Run) -> bytes:
+    """The body of a Run message (revision 2)."""
+    return (
+        _f_varint(1, r.segment)
+        + _f_varint(2, r.offset)
+        + _f_varint(3, r.length)
+        + _f_varint(4, r.stride)
+        + _f_varint(5, r.count)
+    )
+
+
 def encode_item(it: Item) -> bytes:
-    """The body of an Item message."""
+    """The body of an Item message: key, format, ranges (field 3), runs (field 4)."""
     parts = [_f_str(1, it.key), _f_fixed64(2, it.format)]
-    for r in it.ranges:
-        body = encode_range(r)
-        parts.append(b"\x1a" + varint(len(body)) + body)
+    for tag, enc, subs in ((b"\x1a", encode_range, it.ranges), (b"\x22", encode_run, it.runs)):
+        for r in subs:
+            body = enc(r)
+            parts.append(tag + varint(len(body)) + body)
     return b"".join(parts)
 
 
@@ -118,7 +131,10 @@ def encode_body(msg) -> bytes:
     t = msg.TYPE
     if t == HELLO:
         return (
-            _f_varint(1, msg.version) + _f_str(2, msg.client_name) + _f_varint(3, _int32(msg.pid))
+            _f_varint(1, msg.version)
+            + _f_str(2, msg.client_name)
+            + _f_varint(3, _int32(msg.pid))
+            + _f_varint(4, msg.revision)
         )
     if t == HELLO_REPLY:
         return (
@@ -131,6 +147,7 @@ def encode_body(msg) -> bytes:
             + _f_varint(7, int(bool(msg.starting)))
             + _f_varint(8, msg.ready_percent)
             + _f_varint(9, int(bool(msg.warm)))
+            + _f_varint(10, msg.revision)
         )
     if t == REGISTER_SEGMENT:
         return _f_varint(1, msg.size) + _f_str(2, msg.name) + _f_varint(3, int(bool(msg.fence)))

@@ -13,10 +13,20 @@ from typing import List
 
 MAGIC = b"ST"
 VERSION = 1
+# The highest revision of the protocol this codec speaks (Hello.revision,
+# HelloReply.revision); the framing (VERSION) is the same in every revision.
+# Revision 2 adds Item.runs. A peer that sends no revision (0) speaks revision 1.
+REVISION = 2
 HEADER_SIZE = 16
 MAX_BODY = 16 << 20
 MAX_ITEMS = 4096
 MAX_RANGES = 256
+# Revision 2: the most runs one item's bytes may be named by, the most ranges
+# one run (and all of one item's runs) stands for, and the most ranges the items
+# of one batch name, runs expanded (what MAX_ITEMS items of MAX_RANGES could).
+MAX_RUNS = 256
+MAX_RUN_COUNT = 4096
+MAX_BATCH_RANGES = MAX_ITEMS * MAX_RANGES
 MAX_KEY = 512
 MAX_NAME = 256
 MAX_MESSAGE = 2048
@@ -114,6 +124,8 @@ class Hello:
     version: int = VERSION
     client_name: str = ""
     pid: int = 0
+    # The highest revision the client speaks; 0 (absent) is 1.
+    revision: int = 0
     TYPE = HELLO
 
 
@@ -135,7 +147,15 @@ class HelloReply:
     starting: bool = False
     ready_percent: int = 0
     warm: bool = False
+    # The connection's revision: the lower of the client's and the server's;
+    # 0, from a server before revisions, is 1 (revision_of).
+    revision: int = 0
     TYPE = HELLO_REPLY
+
+
+def revision_of(rev: int) -> int:
+    """The revision a Hello's or HelloReply's revision field stands for: 0 is 1."""
+    return max(rev, 1)
 
 
 @dataclass
@@ -180,10 +200,36 @@ class Range:
 
 
 @dataclass
+class Run:
+    """count ranges of one segment at a fixed stride (revision 2): the ranges
+    (segment, offset + i*stride, length) for i in 0..count-1."""
+
+    segment: int = 0
+    offset: int = 0
+    length: int = 0  # each range's; not 0
+    stride: int = 0  # at least length when count > 1: the ranges never overlap
+    count: int = 0  # 1 to MAX_RUN_COUNT
+
+    def ranges(self) -> List[Range]:
+        return [
+            Range(self.segment, self.offset + i * self.stride, self.length)
+            for i in range(self.count)
+        ]
+
+
+@dataclass
 class Item:
+    """An object: the concatenation of its ranges, or of its runs' ranges
+    (revision 2), in order; never both, never neither."""
+
     key: str = ""
     format: int = 0
     ranges: List[Range] = field(default_factory=list)
+    runs: List[Run] = field(default_factory=list)
+
+    def spans(self) -> int:
+        """How many ranges the item names, its runs expanded."""
+        return len(self.ranges) + sum(r.count for r in self.runs)
 
 
 @dataclass

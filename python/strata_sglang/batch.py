@@ -16,7 +16,9 @@ over the whole batch:
 - which registered segment and offset each pointer falls in (``searchsorted``),
   adjacent runs of an object part merged into one range;
 - the protobuf encoding of every item, varints included, as one byte matrix
-  with a mask of the bytes that exist, flattened into the request body.
+  with a mask of the bytes that exist, flattened into the request body; on a
+  connection of revision 2, an item whose ranges are one strided run (a
+  layer_first part: a range per layer) as one Run (``encode_runs``).
 
 The result is byte for byte what ``wire.encode_item`` makes of the same items
 (tests/test_batch.py checks it). It is a request's items only: the connection
@@ -45,6 +47,11 @@ _TAG_RANGE = 0x1A
 _TAG_SEGMENT = 0x08
 _TAG_OFFSET = 0x10
 _TAG_LENGTH = 0x18
+# Revision 2: Item.runs (4, bytes), Run.stride (4), Run.count (5); a Run's
+# segment, offset and length have a Range's tags.
+_TAG_RUN = 0x22
+_TAG_STRIDE = 0x20
+_TAG_COUNT = 0x28
 
 # Varints are written in fixed-width slots, one per field, as wide as the
 # field's largest value needs (at most _W 7-bit groups: segments are uint32;
@@ -177,13 +184,16 @@ def meta_pointers(host, host_indices: torch.Tensor, n: int):
 class Encoded:
     """One pool's items of a batch: the encoded body and what each item is."""
 
-    __slots__ = ("body", "sizes", "pages", "lengths")
+    __slots__ = ("body", "sizes", "pages", "lengths", "runs")
 
-    def __init__(self, body: bytes, sizes: List[int], pages: List[int], lengths: List[int]):
+    def __init__(
+        self, body: bytes, sizes: List[int], pages: List[int], lengths: List[int], runs: int = 0
+    ):
         self.body = body  # the items, each a whole Put/Get "items" field
         self.sizes = sizes  # encoded bytes of each item
         self.pages = pages  # the page (index into the job's keys) of each item
         self.lengths = lengths  # bytes each item moves
+        self.runs = runs  # how many of the items are one Run (the first ones)
 
 
 def locate(ptrs: torch.Tensor, sizes: torch.Tensor, bases: torch.Tensor, ends: torch.Tensor):
@@ -272,6 +282,63 @@ def _name_matrix(names: List[bytes], n: int):
     return name_b, name_m, torch.tensor(widths, dtype=_I64)
 
 
+def _names(names, n: int):
+    """names (a list of n bytes, or an (n, width) uint8 matrix from name_rows)
+    as (bytes (n, width), mask of the bytes each has, lengths)."""
+    if isinstance(names, torch.Tensor):
+        if names.dim() != 2 or names.shape[0] != n or names.shape[1] == 0:
+            raise ValueError(f"names of shape {tuple(names.shape)} for {n} items")
+        w = names.shape[1]
+        return names, torch.ones(n, w, dtype=torch.bool), torch.full((n,), w, dtype=_I64)
+    return _name_matrix(names, n)
+
+
+def _items(names, fmt_field: bytes, body_b, body_m, body_len) -> Tuple[bytes, torch.Tensor]:
+    """N items, each its head (tag and length, the key's tag, length and
+    bytes, the format) then body_b[i] where body_m[i] (its ranges or its run,
+    body_len[i] bytes): the request body and each item's encoded size."""
+    n = body_b.shape[0]
+    name_b, name_m, name_len = _names(names, n)
+    kl_n = 1 + (name_len >= 0x80).to(_I64)
+    item_len = 1 + kl_n + name_len + len(fmt_field) + body_len
+    hb, hm, hn = varints(torch.stack([item_len, name_len], 1))  # (n, 2, slot)
+    head_b = torch.cat([_HEAD_TAGS.expand(n, 2, 1), hb], 2).view(n, -1)
+    head_m = torch.cat([torch.ones(n, 2, 1, dtype=torch.bool), hm], 2).view(n, -1)
+    fmt_b = torch.tensor(list(fmt_field), dtype=_U8).expand(n, -1)
+    rows = torch.cat([head_b, name_b, fmt_b, body_b], 1)
+    mask = torch.cat([head_m, name_m, torch.ones(n, len(fmt_field), dtype=torch.bool), body_m], 1)
+    return select(rows, mask), 1 + hn[:, 0] + item_len
+
+
+def _fields(values, tags, always):
+    """Protobuf varint fields, each (n, r) values: their bytes and mask, each
+    (n, r, bytes), and their encoded length (n, r). A field whose always is
+    False is left out where its value is 0, as proto3 does."""
+    parts_b, parts_m, total = [], [], 0
+    for x, t, a in zip(values, tags, always):
+        b, m, c = varints(x)
+        has = torch.ones_like(x, dtype=torch.bool) if a else x > 0
+        h = has.unsqueeze(-1)
+        parts_b += [torch.full(x.shape + (1,), t, dtype=_U8), b]
+        parts_m += [h, m & h]
+        total = total + has * (1 + c)
+    return parts_b, parts_m, total
+
+
+def _message(tag: int, values, tags, always, keep):
+    """Sub-messages (ranges, runs) of varint fields, (n, r) of them, each its
+    tag and one length byte: (bytes (n, r*w), mask, each item's bytes of them)
+    with keep (n, r) False for the ones an item does not have."""
+    n, r = keep.shape
+    fb, fm, flen = _fields(values, tags, always)
+    if bool((flen > 0x7F).any()):
+        raise wire.Malformed("a range's or run's encoding is longer than one length byte")
+    k = keep.unsqueeze(2)
+    b = torch.cat([torch.full((n, r, 1), tag, dtype=_U8), flen.to(_U8).unsqueeze(2)] + fb, 2)
+    m = torch.cat([k, k] + [x & k for x in fm], 2)
+    return b.view(n, -1), m.view(n, -1), (keep * (2 + flen)).sum(1)
+
+
 def encode(
     names,
     fmt_field: bytes,
@@ -286,61 +353,50 @@ def encode(
     encoded size. Each item is a row of a byte matrix, each field a column
     slot; the mask drops the bytes a row does not have. names is a list of
     bytes, or the (N, width) uint8 matrix of N names of one width (name_rows)."""
+    b, m, ln = _message(
+        _TAG_RANGE,
+        (sid, off, length),
+        (_TAG_SEGMENT, _TAG_OFFSET, _TAG_LENGTH),
+        (False, False, True),  # a range's length is never 0
+        keep,
+    )
+    return _items(names, fmt_field, b, m, ln)
+
+
+def encode_runs(
+    names,
+    fmt_field: bytes,
+    sid: torch.Tensor,
+    off: torch.Tensor,
+    length: torch.Tensor,
+    stride: torch.Tensor,
+    count: torch.Tensor,
+) -> Tuple[bytes, torch.Tensor]:
+    """Encode N items of one run each (revision 2): names[i] with the run
+    (sid, off, length, stride, count)[i], each (N,). As encode, otherwise."""
+    n = sid.shape[0]
+    b, m, ln = _message(
+        _TAG_RUN,
+        tuple(x.reshape(n, 1).contiguous() for x in (sid, off, length, stride, count)),
+        (_TAG_SEGMENT, _TAG_OFFSET, _TAG_LENGTH, _TAG_STRIDE, _TAG_COUNT),
+        (False, False, True, False, True),
+        torch.ones(n, 1, dtype=torch.bool),
+    )
+    return _items(names, fmt_field, b, m, ln)
+
+
+def as_runs(sid: torch.Tensor, off: torch.Tensor, length: torch.Tensor, keep: torch.Tensor):
+    """Which items (rows of (n, r) ranges) are one run: at least two ranges,
+    every one kept, of one segment and one length, equally spaced upward by at
+    least the length. Returns (regular (n,), stride (n,))."""
     n, r = sid.shape
-    if isinstance(names, torch.Tensor):
-        if names.dim() != 2 or names.shape[0] != n or names.shape[1] == 0:
-            raise ValueError(f"names of shape {tuple(names.shape)} for {n} items")
-        w = names.shape[1]
-        name_b = names
-        name_m = torch.ones(n, w, dtype=torch.bool)
-        name_len = torch.full((n,), w, dtype=_I64)
-    else:
-        name_b, name_m, name_len = _name_matrix(names, n)
-
-    # Ranges, each (n, r, bytes): tag, length byte, then the segment, offset
-    # and length fields, each a tag and a varint; proto3 leaves zero fields out
-    # (a length never is).
-    sb, sm, sn = varints(sid)
-    ob, om, on = varints(off)
-    lb, lm, ln = varints(length)
-    has_sid, has_off = sid > 0, off > 0
-    rb_len = has_sid * (1 + sn) + has_off * (1 + on) + 1 + ln  # a Range message's length
-    if bool((rb_len > 0x7F).any()):
-        raise wire.Malformed("a range's encoding is longer than one length byte")
-    k = keep.unsqueeze(2)
-    hs, ho = (has_sid & keep).unsqueeze(2), (has_off & keep).unsqueeze(2)
-
-    def tag(t):
-        return torch.full((n, r, 1), t, dtype=_U8)
-
-    rng_b = torch.cat(
-        [
-            tag(_TAG_RANGE),
-            rb_len.to(_U8).unsqueeze(2),
-            tag(_TAG_SEGMENT),
-            sb,
-            tag(_TAG_OFFSET),
-            ob,
-            tag(_TAG_LENGTH),
-            lb,
-        ],
-        2,
-    )
-    rng_m = torch.cat([k, k, hs, sm & hs, ho, om & ho, k, lm & k], 2)
-
-    # The item: its own tag and length, then the key's tag, length and bytes,
-    # the format, the ranges.
-    kl_n = 1 + (name_len >= 0x80).to(_I64)
-    item_len = 1 + kl_n + name_len + len(fmt_field) + (keep * (2 + rb_len)).sum(1)
-    hb, hm, hn = varints(torch.stack([item_len, name_len], 1))  # (n, 2, slot)
-    head_b = torch.cat([_HEAD_TAGS.expand(n, 2, 1), hb], 2).view(n, -1)
-    head_m = torch.cat([torch.ones(n, 2, 1, dtype=torch.bool), hm], 2).view(n, -1)
-    fmt_b = torch.tensor(list(fmt_field), dtype=_U8).expand(n, -1)
-    rows = torch.cat([head_b, name_b, fmt_b, rng_b.view(n, -1)], 1)
-    mask = torch.cat(
-        [head_m, name_m, torch.ones(n, len(fmt_field), dtype=torch.bool), rng_m.view(n, -1)], 1
-    )
-    return select(rows, mask), 1 + hn[:, 0] + item_len
+    if r < 2 or r > wire.MAX_RUN_COUNT:
+        return torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=_I64)
+    d = off[:, 1:] - off[:, :-1]
+    stride = d[:, 0]
+    ok = keep.all(1) & (sid == sid[:, :1]).all(1) & (length == length[:, :1]).all(1)
+    ok &= (d == stride.unsqueeze(1)).all(1) & (stride >= length[:, 0])
+    return ok, stride
 
 
 def select(rows: torch.Tensor, mask: torch.Tensor) -> bytes:
@@ -385,7 +441,7 @@ def split(
 
 
 def encode_pages(
-    names: List[bytes],
+    names,
     pages: List[int],
     fmt_field: bytes,
     seg_ids: torch.Tensor,
@@ -393,16 +449,38 @@ def encode_pages(
     off: torch.Tensor,
     length: torch.Tensor,
     keep: torch.Tensor,
+    runs: bool = False,
 ) -> Optional[Encoded]:
     """The items of the planned pages (see plan_pages, rows already selected,
-    pages[i] the page of row i): one item per page and part, in page order,
-    names[i] naming item i."""
-    m, parts, runs = seg.shape
+    pages[i] the page of row i): one item per page and part, names[i] naming
+    item i. With runs (a connection of revision 2 or later), an item whose
+    ranges are one run (as_runs: a layer_first part, one range per layer) is
+    one Run instead; the others keep their ranges, and come after them."""
+    m, parts, nr = seg.shape
     if m == 0:
         return None
     n = m * parts
-    sid = seg_ids[seg].reshape(n, runs)
-    lens = length.reshape(n, runs)
-    body, sizes = encode(names, fmt_field, sid, off.reshape(n, runs), lens, keep.reshape(n, runs))
-    page_of = [p for p in pages for _ in range(parts)]
-    return Encoded(body, sizes.tolist(), page_of, lens.sum(1).tolist())
+    sid = seg_ids[seg].reshape(n, nr)
+    off, lens, keep = off.reshape(n, nr), length.reshape(n, nr), keep.reshape(n, nr)
+    totals = lens.sum(1)
+    page_of = torch.tensor(pages, dtype=_I64).repeat_interleave(parts)
+    ok, stride = as_runs(sid, off, lens, keep) if runs else (None, None)
+    if ok is None or not bool(ok.any()):
+        body, sizes = encode(names, fmt_field, sid, off, lens, keep)
+        return Encoded(body, sizes.tolist(), page_of.tolist(), totals.tolist())
+    run = (sid[:, 0], off[:, 0], lens[:, 0], stride, torch.full_like(stride, nr))
+    if bool(ok.all()):
+        body, sizes = encode_runs(names, fmt_field, *run)
+        return Encoded(body, sizes.tolist(), page_of.tolist(), totals.tolist(), n)
+    # Some of each: the runs' items first, then the others', each in order.
+    a, z = ok.nonzero().flatten(), (~ok).nonzero().flatten()
+    b1, s1 = encode_runs(_take(names, a), fmt_field, *(x[a] for x in run))
+    b2, s2 = encode(_take(names, z), fmt_field, sid[z], off[z], lens[z], keep[z])
+    order = torch.cat([a, z])
+    sizes = s1.tolist() + s2.tolist()
+    return Encoded(b1 + b2, sizes, page_of[order].tolist(), totals[order].tolist(), len(a))
+
+
+def _take(names, idx: torch.Tensor):
+    """The names of the items idx (a list's, or a name_rows matrix's rows)."""
+    return names[idx] if isinstance(names, torch.Tensor) else [names[i] for i in idx.tolist()]

@@ -4,7 +4,9 @@ A batch's pages are planned the same way for every pool (where each page's
 ranges are, which fall outside the pool's memory, which keys are bad): see
 ``batch.plan_pages``. Pages of pools in registered memfds go in as few Put or
 Get requests as the protocol's limits allow, each item naming its ranges in
-SGLang's memory, and the service copies them. Pages of pools the service
+SGLang's memory (or, on a connection of revision 2, one strided run for an
+item whose ranges are equally spaced: a layer_first part), and the service
+copies them. Pages of pools the service
 cannot map go through the staging buffer: the plugin copies each object's
 ranges into it (Put) or out of it once the service answered (Get), one object
 a contiguous range there, so that the objects are the same bytes under the
@@ -168,16 +170,22 @@ class Transfers:
                     seg_index[id(seg)] = len(segs)
                     segs.append(seg)
         conn, ids = self.client.resolve(segs)
+        # Strided runs only where this connection's revision has them (and
+        # the STRATA_WIRE_REVISION switch did not turn them off): the body
+        # goes on this connection only.
+        runs = getattr(conn, "revision", 1) >= 2
         bodies, sizes, lengths = [], [], []
+        run_items = 0
         owners = []  # (first item, job, the page of each of its items)
         for j, pool, pages, item_names, seg, off, length, keep in plans:
             seg_ids = torch.tensor(
                 [ids[seg_index[id(x)]] for x in pool.segments()], dtype=torch.int64
             )
             enc = batch.encode_pages(
-                item_names, pages, pool.fmt_field, seg_ids, seg, off, length, keep
+                item_names, pages, pool.fmt_field, seg_ids, seg, off, length, keep, runs
             )
             bodies.append(enc.body)
+            run_items += enc.runs
             owners.append((len(sizes), j, enc.pages))
             sizes += enc.sizes
             lengths += enc.lengths
@@ -188,6 +196,9 @@ class Transfers:
             first, j, page_of = owners[bisect.bisect_right(starts, k) - 1]
             return j, page_of[k - first]
 
+        if run_items:
+            with self._lock:
+                self._stats["run_items"] += run_items
         body = memoryview(b"".join(bodies))
         msg = wire.Put() if op == wire.PUT else wire.Get()
         moved = 0

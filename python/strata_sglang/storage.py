@@ -115,6 +115,7 @@ class StrataStorage(Transfers, Staging, HiCacheStorage):
                 "set_ok",
                 "get_bytes",
                 "set_bytes",
+                "run_items",  # items named by one strided run (revision 2), not ranges
             ),
             0,
         )
@@ -408,6 +409,7 @@ class StrataStorage(Transfers, Staging, HiCacheStorage):
             out = dict(self._stats)
         out["connected"] = self.client.connected
         out["connects"] = self.client.connects
+        out["revision"] = self.client.revision  # the connection's protocol revision; 0: none
         return out
 
     def pool_status(self) -> Dict[str, str]:

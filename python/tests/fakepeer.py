@@ -85,21 +85,33 @@ class Peer:
             except OSError:
                 return
 
-    def hello(self, client_id: int = 1, clock_ns: int = 0, skew_ns: Optional[int] = None):
+    def hello(
+        self,
+        client_id: int = 1,
+        clock_ns: int = 0,
+        skew_ns: Optional[int] = None,
+        revision: int = 0,
+        said: Optional[list] = None,
+    ):
         """Answer the client's Hello; False when it sent something else or closed.
 
         clock_ns 0 is a service that keeps no deadlines (an older one); else the
         client registers its fence page next (see fence()). skew_ns instead
         gives a clock that runs that far ahead of ours, read once the Hello has
         arrived, as a service reads it: a clock read before the client sent
-        its Hello would be earlier than any the client can expect.
+        its Hello would be earlier than any the client can expect. revision
+        is the reply's (0: none, as from a service before revisions); the
+        client's Hello is appended to said, when given.
         """
         got = self.recv()
         if got is None or got[0].type != wire.HELLO:
             return False
+        if said is not None:
+            said.append(got[1])
         if skew_ns is not None:
             clock_ns = time.monotonic_ns() + skew_ns
-        self.send(got[0].id, wire.HelloReply(client_id, "fake", wire.MAX_ITEMS, clock_ns))
+        reply = wire.HelloReply(client_id, "fake", wire.MAX_ITEMS, clock_ns, revision=revision)
+        self.send(got[0].id, reply)
         return True
 
     def fence(self, segment_id: int = 99):
@@ -112,9 +124,10 @@ class Peer:
         self.send(got[0].id, wire.RegisterSegmentReply(segment_id))
         return (ctypes.c_uint32 * wire.FENCE_SLOTS).from_buffer(mm)
 
-    def serve(self, first_segment: int = 1):
+    def serve(self, first_segment: int = 1, batches: Optional[list] = None):
         """Answer like a healthy service until the client closes: segments get ids
-        from first_segment, Ping a Pong, Exists 0, Put/Get ok for every item."""
+        from first_segment, Ping a Pong, Exists 0, Put/Get ok for every item
+        (each Put and Get appended to batches, when given)."""
         seg = first_segment
         while not self.stop.is_set():
             got = self.recv(timeout=0.2)
@@ -133,6 +146,8 @@ class Peer:
             elif h.type == wire.EXISTS:
                 self.send(h.id, wire.ExistsReply(0))
             elif h.type in (wire.PUT, wire.GET):
+                if batches is not None:
+                    batches.append(m)
                 self.send(h.id, wire.BatchReply([wire.Result(wire.OK, "")] * len(m.items)))
             else:
                 self.send(h.id, wire.Error(wire.INTERNAL, "fake peer: unexpected request"))

@@ -224,3 +224,81 @@ def test_name_rows_are_the_names_and_encode_alike(prefix, suffixes):
     assert batch.name_rows(prefix, keys + ["abc"], suffixes) is None
     assert batch.name_rows(prefix, ["\u00e9" * 64], suffixes) is None
     assert batch.name_rows(prefix, keys, [b"_k", b"_vv"]) is None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_encode_runs_matches_the_generic_encoder(seed):
+    rnd = random.Random(seed)
+    n = rnd.randint(1, 40)
+    big = [0, 1, 127, 128, 16383, 16384, (1 << 21) + 5, (1 << 35) - 1, (1 << 46) + 3]
+    sid = [rnd.choice([0, 1, 127, 128, 70000, (1 << 32) - 1]) for _ in range(n)]
+    off = [rnd.choice(big) for _ in range(n)]
+    length = [max(1, rnd.choice(big)) for _ in range(n)]
+    count = [rnd.choice([1, 2, 61, 127, 128, 4096]) for _ in range(n)]
+    stride = [
+        0 if c == 1 and rnd.random() < 0.5 else x + rnd.choice(big) for c, x in zip(count, length)
+    ]
+    names = [("m" * rnd.randint(1, 200) + str(i)).encode() for i in range(n)]
+    fmt = rnd.getrandbits(64) or 1
+    fmt_field = b"\x11" + fmt.to_bytes(8, "little")
+    t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    rows = [t(x) for x in (sid, off, length, stride, count)]
+    body, sizes = batch.encode_runs(names, fmt_field, *rows)
+    want, want_sizes = [], []
+    for i, name in enumerate(names):
+        run = wire.Run(sid[i], off[i], length[i], stride[i], count[i])
+        item = wire.encode_item(wire.Item(name.decode(), fmt, runs=[run]))
+        want.append(b"\x0a" + wire.varint(len(item)) + item)
+        want_sizes.append(len(want[-1]))
+    assert body == b"".join(want) and sizes.tolist() == want_sizes
+
+
+def _expanded(item):
+    return [(r.segment, r.offset, r.length) for r in item.ranges] + [
+        (x.segment, x.offset, x.length) for r in item.runs for x in r.ranges()
+    ]
+
+
+@pytest.mark.parametrize("irregular", [0, 1, 3, 6])
+def test_encode_pages_names_the_same_ranges_by_runs(irregular):
+    """With runs, each item whose ranges are one run is that Run, the others
+    keep their ranges (after the runs' items); every item names the same bytes
+    as without runs, under the same name, for the same page."""
+    m, parts, r = 6, 2, 5
+    t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    seg = torch.zeros(m, parts, r, dtype=torch.int64)
+    base = t([[1000 * p + 64 * q for q in range(parts)] for p in range(m)])
+    off = base.unsqueeze(2) + (1 << 20) * torch.arange(r)
+    length = torch.full((m, parts, r), 64, dtype=torch.int64)
+    keep = torch.ones(m, parts, r, dtype=torch.bool)
+    spoil = [(0, 1), (2, 0), (3, 1), (4, 0), (5, 0), (5, 1)][:irregular]
+    for k, (p, q) in enumerate(spoil):
+        if k % 3 == 0:
+            off[p, q, 3] += 8  # not equally spaced
+        elif k % 3 == 1:
+            length[p, q, 1] = 32  # ranges of two lengths
+        else:
+            keep[p, q, 2:] = False  # merged ranges, as plan_pages leaves them
+            length[p, q, 2:] = 0
+            length[p, q, 1] = 64 * 4
+    seg_ids = t([7])
+    names = [f"key{p}_{q}".encode() for p in range(m) for q in range(parts)]
+    pages = [3, 5, 8, 9, 10, 12]
+    fmt_field = b"\x11" + (4).to_bytes(8, "little")
+    plain = batch.encode_pages(names, pages, fmt_field, seg_ids, seg, off, length, keep)
+    runs = batch.encode_pages(names, pages, fmt_field, seg_ids, seg, off, length, keep, True)
+    assert plain.runs == 0 and runs.runs == m * parts - irregular
+    a, b = wire.decode(wire.PUT, plain.body).items, wire.decode(wire.PUT, runs.body).items
+    assert [len(x.runs) for x in b] == [1] * runs.runs + [0] * irregular
+    assert all(not x.runs for x in a)
+    by_name = {x.key: (x, pg, ln) for x, pg, ln in zip(a, plain.pages, plain.lengths)}
+    for x, pg, ln, size in zip(b, runs.pages, runs.lengths, runs.sizes):
+        y, pg2, ln2 = by_name.pop(x.key)
+        assert (_expanded(x), pg, ln) == (_expanded(y), pg2, ln2)
+        assert ln == sum(z[2] for z in _expanded(x))
+    assert not by_name and sum(runs.sizes) == len(runs.body)
+    # One range per item (page_first): nothing to gain, ranges as before.
+    first = [x[..., :1].contiguous() for x in (seg, off, length, keep)]
+    one = batch.encode_pages(names, pages, fmt_field, seg_ids, *first, True)
+    assert one.runs == 0
+    assert one.body == batch.encode_pages(names, pages, fmt_field, seg_ids, *first).body

@@ -215,11 +215,11 @@ def read_varint(b, i):
 
 
 # The dataclass of each message that is not a frame's body: a field's element type.
-NESTED = {"Item": wire.Item, "Range": wire.Range, "Result": wire.Result}
+NESTED = {"Item": wire.Item, "Range": wire.Range, "Run": wire.Run, "Result": wire.Result}
 
 
 def element_class(cls, fname):
-    return NESTED[{"items": "Item", "ranges": "Range", "results": "Result"}[fname]]
+    return NESTED[{"items": "Item", "ranges": "Range", "runs": "Run", "results": "Result"}[fname]]
 
 
 def camel(upper):
@@ -294,6 +294,10 @@ def filled(schema, name, cls, n):
                     }[typ]
                 )
         kwargs[fname] = vals if repeated else vals[0]
+    if name == "Item":
+        # An item names its bytes by ranges or by runs, never both: every
+        # other item by each.
+        kwargs["runs" if n[0] % 2 else "ranges"] = []
     return cls(**kwargs)
 
 
@@ -316,6 +320,11 @@ def test_the_limits_the_schema_states(schema):
         (r"Keys are 1 to (\d+) bytes", [wire.MAX_KEY]),
         (r"results\) has at most (\d+) entries", [wire.MAX_ITEMS]),
         (r"An item has 1 to (\d+) ranges", [wire.MAX_RANGES]),
+        (r"Or an item has 1 to (\d+) runs", [wire.MAX_RUNS]),
+        (r"stand for 1 to (\d+) ranges in all", [wire.MAX_RUN_COUNT]),
+        (r"a count of 1 to (\d+)", [wire.MAX_RUN_COUNT]),
+        (r"name at most (\d+) ranges, runs expanded", [wire.MAX_BATCH_RANGES]),
+        (r"highest protocol revision the client speaks: (\d+)", [wire.REVISION]),
         (
             r"are at most (\d+) bytes; status messages at most (\d+) bytes",
             [wire.MAX_NAME, wire.MAX_MESSAGE],
@@ -347,6 +356,12 @@ def test_batch_tags_are_the_schemas(schema):
     assert batch._TAG_SEGMENT == tag(schema, "Range", "segment")
     assert batch._TAG_OFFSET == tag(schema, "Range", "offset")
     assert batch._TAG_LENGTH == tag(schema, "Range", "length")
+    assert batch._TAG_RUN == tag(schema, "Item", "runs")
+    assert batch._TAG_SEGMENT == tag(schema, "Run", "segment")
+    assert batch._TAG_OFFSET == tag(schema, "Run", "offset")
+    assert batch._TAG_LENGTH == tag(schema, "Run", "length")
+    assert batch._TAG_STRIDE == tag(schema, "Run", "stride")
+    assert batch._TAG_COUNT == tag(schema, "Run", "count")
 
 
 def test_batch_items_decode_by_the_schema(schema):
@@ -376,3 +391,24 @@ def test_batch_items_decode_by_the_schema(schema):
         ]
     )
     assert got == want
+
+
+def test_batch_runs_decode_by_the_schema(schema):
+    """batch.encode_runs's items, framed as a Put, are what the schema decodes."""
+    import torch
+
+    from strata_sglang import batch
+
+    fmt = 0x0102030405060708
+    fmt_field = bytes([tag(schema, "Item", "format")]) + struct.pack("<Q", fmt)
+    names = [b"mla-key" * 3, b"x" * 200]
+    cols = [[0, (1 << 32) - 1], [4096, 0], [36864, 1], [1 << 24, 0], [61, 1]]
+    t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    body, _ = batch.encode_runs(names, fmt_field, *(t(c) for c in cols))
+    want = wire.Put(
+        items=[
+            wire.Item(names[i].decode(), fmt, runs=[wire.Run(*(c[i] for c in cols))])
+            for i in range(2)
+        ]
+    )
+    assert schema.decode("Put", wire.Put, body) == want
