@@ -78,9 +78,9 @@ type Arena struct {
 	slabs     []slab
 	freeSlabs []uint32
 	partial   []uint32 // per class: 1 + the first slab with a free slot
-	// settled holds, for each pending object, the channel its Commit or Abort
-	// closes, for writers of the same key waiting in Await: bounded by the writes
-	// in flight.
+	// settled holds, for a pending object that a writer of the same key waits
+	// for in Await, the channel its Commit or Abort closes: made by the first
+	// waiter, bounded by the writes in flight.
 	settled map[uint32]chan struct{}
 	// removing holds the barriers of removals in progress, by key (remove.go):
 	// bounded by the removals in flight.

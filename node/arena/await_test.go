@@ -102,3 +102,44 @@ func TestAwaitEndsWithThePendingWrite(t *testing.T) {
 		t.Fatal("Await did not return after the write was aborted")
 	}
 }
+
+// The channel a waiter waits on is made by the first waiter and shared by the
+// next; a write nobody waits for makes none, and none is left after a write.
+func TestAwaitChannelMadeForTheFirstWaiterOnly(t *testing.T) {
+	a := newArena(t, testConfig(t, 1<<20))
+	quiet, err := a.Reserve("quiet", 1, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.mu.Lock()
+	n := len(a.settled)
+	a.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("a write nobody waits for made %d channels", n)
+	}
+	quiet.Abort()
+	p, err := a.Reserve("watched", 1, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := a.pendingWrite("watched"), a.pendingWrite("watched")
+	if first == nil || first != second {
+		t.Fatalf("two waiters of one write got channels %v and %v, want one", first, second)
+	}
+	copy(p.Bytes(), pattern("watched", 100))
+	if err := p.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if !isClosed(first) {
+		t.Fatal("the waiters' channel is open after the commit")
+	}
+	a.mu.Lock()
+	n = len(a.settled)
+	a.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d channels left after the write ended", n)
+	}
+	if err := a.Check(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -78,8 +78,6 @@ func (a *Arena) placeLocked(key string, h, format uint64, size int64, class int)
 	}
 	a.writeTrailer(end, t)
 	span := a.spanOf(r)
-	ch := make(chan struct{})
-	a.settled[idx] = ch
 	a.pending++
 	a.pendingBytes += span
 	a.held += span

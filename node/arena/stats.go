@@ -311,9 +311,6 @@ func (a *Arena) Check() (err error) {
 			if nl > 0 || evicting {
 				bad("pending object %q is leased or evicting", key)
 			}
-			if a.settled[idx] == nil {
-				bad("pending object %q has no settled channel", key)
-			}
 		case committed:
 			nCommitted++
 			committedBytes += r.size
@@ -442,6 +439,11 @@ func (a *Arena) Check() (err error) {
 			umWant[u] = a.umap[u]
 		}
 	}
+	for idx := range a.settled {
+		if a.rec(idx).state != pending {
+			bad("a settled channel for object %d, which is not pending", idx)
+		}
+	}
 	if len(a.owner) != len(allocated) {
 		bad("%d owners for %d allocated extents: a leak", len(a.owner), len(allocated))
 	}
@@ -463,7 +465,6 @@ func (a *Arena) Check() (err error) {
 		{"leased objects", a.leased, leased},
 		{"evictions in flight", a.inflight, inflight},
 		{"bytes in flight", a.inflightBytes, inflightBytes},
-		{"settled channels", int64(len(a.settled)), pendingN},
 		{"withheld units", a.warm.withheld + a.warm.failed, withheld},
 		{"unmatched extents", a.rcv.orphans, orphans},
 		{"free bytes of descriptor slabs", a.descFree, descFree},

@@ -253,7 +253,15 @@ func (a *Arena) pendingWrite(key string) (ch <-chan struct{}) {
 		return nil
 	}
 	if idx := a.lookupLocked(key, h); idx != 0 && a.rec(idx).state == pending {
-		return a.settled[idx]
+		// Made for the first waiter only: most writes have none, and a
+		// channel and a map entry per object was a fifth of a small
+		// put's time under the arena lock.
+		ch, ok := a.settled[idx]
+		if !ok {
+			ch = make(chan struct{})
+			a.settled[idx] = ch
+		}
+		return ch
 	}
 	if rm := a.removingLocked(key); rm != nil {
 		return rm.done
