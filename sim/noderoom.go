@@ -30,28 +30,13 @@ func (c Config) checkNodeRoom(runs []string) error {
 		return nil
 	}
 	fix := "give a smaller --l1-tokens or --l2-ratio, or --l3 file"
-	if per := (room - pools) / int64(c.nodes()); per >= 64<<20 {
-		step := int64(1 << 30)
-		if per < step {
-			step = 64 << 20
-		}
-		fix = "give --node-arena " + flagSize(per/step*step) + " or less, or a smaller --l1-tokens"
+	if fit := hostmem.FitSize((room - pools) / int64(c.nodes())); fit > 0 {
+		fix = "give --node-arena " + hostmem.FormatSize(fit) + " or less, or a smaller --l1-tokens"
 	}
 	what := "the node service's arena"
 	if c.nodes() > 1 {
 		what = fmt.Sprintf("the arenas of %d node services", c.nodes())
 	}
 	return fmt.Errorf("--node-arena %s: %s and the strata run's L1 and L2 pools (%s) need %s, and this machine has %s available, %s of it kept free: %s: %w",
-		flagSize(c.NodeArenaBytes), what, formatBytes(pools), formatBytes(arenas+pools), formatBytes(avail), formatBytes(reserve), fix, ErrConfig)
-}
-
-// flagSize writes n as a flag reads it back: 7GiB, 448MiB, or bytes.
-func flagSize(n int64) string {
-	switch {
-	case n > 0 && n%(1<<30) == 0:
-		return fmt.Sprintf("%dGiB", n>>30)
-	case n > 0 && n%(1<<20) == 0:
-		return fmt.Sprintf("%dMiB", n>>20)
-	}
-	return fmt.Sprint(n)
+		hostmem.FormatSize(c.NodeArenaBytes), what, formatBytes(pools), formatBytes(arenas+pools), formatBytes(avail), formatBytes(reserve), fix, ErrConfig)
 }

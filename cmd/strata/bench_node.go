@@ -26,11 +26,6 @@ var benchAvailableMemory = hostmem.AvailableBytes
 // arena file (sim's childnode.go); tests replace it.
 var benchShmDir = "/dev/shm"
 
-// arenaFileOverhead is what an arena file holds beside the arena: 1/1024 of
-// it for the unit map, and 8 MiB of header and eviction log (node/arena's
-// layout.go).
-func arenaFileOverhead(arena int64) int64 { return arena/1024 + 8<<20 }
-
 // checkBenchNodes refuses, before any run, a node service the bench would
 // start that this machine cannot hold: arenas (--nodes of them) above the
 // available memory less the reserve strata serve keeps free (the check
@@ -52,7 +47,7 @@ func checkBenchNodes(ctx context.Context, cfg sim.Config) error {
 				what = "the arenas of --nodes " + strconv.FormatInt(nodes, 10) + " node services do"
 			}
 			return usagef("--node-arena %s: %s not fit this machine: %s of memory available, %s of it kept free (strata serve's reserve); %s",
-				formatSize(arena), what, hostmem.FormatBytes(avail), hostmem.FormatBytes(reserve), fitNodeArena(room/nodes))
+				hostmem.FormatSize(arena), what, hostmem.FormatBytes(avail), hostmem.FormatBytes(reserve), fitNodeArena(room/nodes))
 		}
 	}
 	if cfg.Restart.Mode != "" {
@@ -61,7 +56,7 @@ func checkBenchNodes(ctx context.Context, cfg sim.Config) error {
 			free := int64(fs.Bavail) * fs.Bsize
 			if need := arena + arenaFileOverhead(arena); need > free {
 				return usagef("--node-arena %s: --restart-node keeps the arena in a file on %s, which has %s free and the file needs %s; %s, or free room on %s",
-					formatSize(arena), benchShmDir, hostmem.FormatBytes(free), hostmem.FormatBytes(need), fitNodeArena((free-8<<20)/1025*1024), benchShmDir)
+					hostmem.FormatSize(arena), benchShmDir, hostmem.FormatBytes(free), hostmem.FormatBytes(need), fitNodeArena(arenaForFileRoom(free)), benchShmDir)
 			}
 		}
 	}
@@ -76,11 +71,8 @@ func checkBenchNodes(ctx context.Context, cfg sim.Config) error {
 // fitNodeArena proposes the largest --node-arena within room: whole GiB, or
 // 64 MiB steps below 1 GiB; below 64 MiB, a bench without the node L3.
 func fitNodeArena(room int64) string {
-	switch {
-	case room >= 1<<30:
-		return "give --node-arena " + formatSize(room&^(1<<30-1)) + " or less"
-	case room >= 64<<20:
-		return "give --node-arena " + formatSize(room&^(64<<20-1)) + " or less"
+	if fit := hostmem.FitSize(room); fit > 0 {
+		return "give --node-arena " + hostmem.FormatSize(fit) + " or less"
 	}
 	return "this machine has no room for a node service's arena: give --l3 file or --l3 none"
 }

@@ -32,12 +32,24 @@ var errCheckFailed = errors.New("a check failed (the FAIL line above says what t
 const (
 	maxProposedArena = 64 << 30
 	serveReserve     = 1 << 30
-	// arenaFileHeader is the arena file's room beyond the arena: 1/1024 of it and 8 MiB.
-	arenaFileHeader = 8 << 20
+	// arenaFileHeader bounds the arena file's room beyond the arena and its
+	// unit map (arenaFileOverhead): 8 MiB of eviction log after a page of
+	// superblock and the unit map, the data then aligned to 2 MiB (node/arena's
+	// newGeometry), so at most 10 MiB and two pages more.
+	arenaFileHeader = 10<<20 + 8<<10
 	// proposedArenaFile is where the README keeps the arena file: on /dev/shm,
 	// so that a restarted service finds its objects.
 	proposedArenaFile = "/dev/shm/strata/strata.arena"
 )
+
+// arenaFileOverhead is what an arena file holds beside an arena of arena
+// bytes, at most: 1/1024 of it for the unit map, and arenaFileHeader of
+// superblock, eviction log and alignment. python/strata_client/doctor.py
+// proposes with the same rule.
+func arenaFileOverhead(arena int64) int64 { return arena/1024 + arenaFileHeader }
+
+// arenaForFileRoom is the largest arena whose file fits in free bytes.
+func arenaForFileRoom(free int64) int64 { return (free - arenaFileHeader) / 1025 * 1024 }
 
 // machineRoom is what the machine has for an arena: AvailBytes of memory
 // (MemAvailable, lowered to the cgroup's headroom) and ShmFreeBytes on /dev/shm
@@ -69,30 +81,21 @@ func readMachineRoom() machineRoom {
 func proposedArena(r machineRoom) (arena int64, withFile bool) {
 	room := min(int64(maxProposedArena), r.AvailBytes/2, r.AvailBytes-serveReserve)
 	if r.ShmFreeBytes >= 0 {
-		// The file holds the arena, 1/1024 of it more, and 8 MiB.
-		fileRoom := (r.ShmFreeBytes - arenaFileHeader) / 1025 * 1024
+		fileRoom := arenaForFileRoom(r.ShmFreeBytes)
 		if fileRoom >= 1<<30 || fileRoom >= room {
 			room, withFile = min(room, fileRoom), true
 		}
 	}
-	if room >= 1<<30 {
-		return room &^ (1<<30 - 1), withFile
+	if fit := hostmem.FitSize(room); fit > 0 {
+		return fit, withFile
 	}
-	return max(room&^(64<<20-1), 64<<20), withFile && room >= 64<<20
-}
-
-// formatArena writes a size the way --arena reads it: 11GiB, 768MiB.
-func formatArena(n int64) string {
-	if n%(1<<30) == 0 {
-		return strconv.FormatInt(n>>30, 10) + "GiB"
-	}
-	return strconv.FormatInt(n>>20, 10) + "MiB"
+	return 64 << 20, false
 }
 
 // serveCommand is the strata serve command line that fits room, for socket.
 func serveCommand(socket string, room machineRoom) string {
 	arena, withFile := proposedArena(room)
-	cmd := "strata serve --socket " + socket + " --arena " + formatArena(arena)
+	cmd := "strata serve --socket " + socket + " --arena " + hostmem.FormatSize(arena)
 	if withFile {
 		cmd += " --arena-file " + proposedArenaFile
 	}

@@ -15,6 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"pgregory.net/rapid"
+
+	"github.com/stratakv/strata/hostmem"
 )
 
 // skipUnlessCI skips the test with reason, or fails it under CI=true, where
@@ -58,7 +60,7 @@ func TestDoctorProposesAnArenaThatFits(t *testing.T) {
 		{"nothing read", machineRoom{0, -1}, "64MiB", false},
 	} {
 		arena, withFile := proposedArena(c.room)
-		if got := formatArena(arena); got != c.want || withFile != c.withFile {
+		if got := hostmem.FormatSize(arena); got != c.want || withFile != c.withFile {
 			t.Errorf("%s: proposed %s (arena file %v), want %s (%v)", c.name, got, withFile, c.want, c.withFile)
 		}
 	}
@@ -67,18 +69,18 @@ func TestDoctorProposesAnArenaThatFits(t *testing.T) {
 		arena, withFile := proposedArena(r)
 		switch {
 		case arena > 64<<30 || arena < 64<<20:
-			t.Fatalf("%s is outside [64 MiB, 64 GiB]", formatArena(arena))
+			t.Fatalf("%s is outside [64 MiB, 64 GiB]", hostmem.FormatSize(arena))
 		case arena >= gib && arena%gib != 0, arena%(64*mib) != 0:
 			t.Fatalf("%d is not in whole GiB (or 64 MiB steps below 1 GiB)", arena)
 		case r.AvailBytes >= serveReserve+64*mib && arena > r.AvailBytes-serveReserve:
-			t.Fatalf("%s leaves less than strata serve's 1 GiB reserve of %d available", formatArena(arena), r.AvailBytes)
+			t.Fatalf("%s leaves less than strata serve's 1 GiB reserve of %d available", hostmem.FormatSize(arena), r.AvailBytes)
 		case arena > max(r.AvailBytes/2, 64*mib):
-			t.Fatalf("%s is more than half of %d available", formatArena(arena), r.AvailBytes)
+			t.Fatalf("%s is more than half of %d available", hostmem.FormatSize(arena), r.AvailBytes)
 		case withFile && arena+arena/1024+arenaFileHeader > r.ShmFreeBytes:
-			t.Fatalf("an arena file of %s does not fit the %d free on /dev/shm", formatArena(arena), r.ShmFreeBytes)
+			t.Fatalf("an arena file of %s does not fit the %d free on /dev/shm", hostmem.FormatSize(arena), r.ShmFreeBytes)
 		}
-		if got, err := parseBytes(formatArena(arena)); err != nil || got != arena {
-			t.Fatalf("--arena %s reads back as %d, %v", formatArena(arena), got, err)
+		if got, err := parseBytes(hostmem.FormatSize(arena)); err != nil || got != arena {
+			t.Fatalf("--arena %s reads back as %d, %v", hostmem.FormatSize(arena), got, err)
 		}
 	})
 }
@@ -159,8 +161,8 @@ func TestDoctorFailuresSayTheFix(t *testing.T) {
 	// The CLI proposes what this machine has.
 	code, out := runDoctorCLI(t, "--socket", missing)
 	arena, _ := proposedArena(readMachineRoom())
-	if code != 1 || !strings.Contains(out, "--arena "+formatArena(arena)) {
-		t.Errorf("no socket through the CLI: exit %d, want 1 and --arena %s:\n%s", code, formatArena(arena), out)
+	if code != 1 || !strings.Contains(out, "--arena "+hostmem.FormatSize(arena)) {
+		t.Errorf("no socket through the CLI: exit %d, want 1 and --arena %s:\n%s", code, hostmem.FormatSize(arena), out)
 	}
 
 	// A socket file with nothing listening: the service crashed.
@@ -287,7 +289,7 @@ for line in sys.stdin:
 		for _, shm := range []int64{-1, 0, 64 << 20, 1<<30 + 8<<20, 2 << 30, 15 << 30, 1 << 40} {
 			fmt.Fprintf(&rooms, "%d %d\n", avail, shm)
 			arena, withFile := proposedArena(machineRoom{avail, shm})
-			want += fmt.Sprintf("%s %s\n", formatArena(arena), map[bool]string{true: "True", false: "False"}[withFile])
+			want += fmt.Sprintf("%s %s\n", hostmem.FormatSize(arena), map[bool]string{true: "True", false: "False"}[withFile])
 		}
 	}
 	cmd.Stdin = strings.NewReader(rooms.String())

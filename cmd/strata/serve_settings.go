@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/stratakv/strata/hostmem"
 	"github.com/stratakv/strata/node"
 )
 
@@ -73,7 +74,7 @@ func newServeSettings() *serveSettings {
 			n, err := parseBytes(v)
 			*dst = n
 			return err
-		}, func() string { return formatSize(*dst) })
+		}, func() string { return hostmem.FormatSize(*dst) })
 	}
 	frac := func(name, usage string, dst *float64) {
 		add(name, usage, kindFloat, func(v string) error {
@@ -176,20 +177,6 @@ func newServeSettings() *serveSettings {
 	add("log-level", "debug, info, warn or error", kindLevel, func(v string) error { return s.level.UnmarshalText([]byte(v)) },
 		func() string { return strings.ToLower(s.level.String()) })
 	return s
-}
-
-// formatSize writes n in the largest binary unit that holds it exactly, so that
-// parseBytes reads back the same number.
-func formatSize(n int64) string {
-	for _, u := range []struct {
-		name  string
-		bytes int64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if n != 0 && n%u.bytes == 0 {
-			return strconv.FormatInt(n/u.bytes, 10) + u.name
-		}
-	}
-	return strconv.FormatInt(n, 10)
 }
 
 func formatGroups(groups [][]int) string {

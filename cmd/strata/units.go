@@ -6,6 +6,8 @@ import (
 	"math"
 	"math/big"
 	"strings"
+
+	"github.com/stratakv/strata/hostmem"
 )
 
 // Sizes. Every size strata reads (serve's flags, environment and config file,
@@ -79,7 +81,7 @@ func parseBytes(s string) (int64, error) {
 		return 0, &sizeError{fmt.Sprintf("%s is %s bytes, not a whole number: write %s or %s", t, trimRat(n), lo, new(big.Int).Add(lo, big.NewInt(1))), errSizeFraction}
 	}
 	if !n.Num().IsInt64() {
-		return 0, &sizeError{fmt.Sprintf("%s is too large: at most %s", t, formatSize(math.MaxInt64)), errSizeSyntax}
+		return 0, &sizeError{fmt.Sprintf("%s is too large: at most %s", t, hostmem.FormatSize(math.MaxInt64)), errSizeSyntax}
 	}
 	return n.Num().Int64(), nil
 }
@@ -123,7 +125,7 @@ func sizeFromJSON(v json.Number) (string, error) {
 	}
 	suggest := "4GiB"
 	if whole.IsInt64() && whole.Int64() > 0 && whole.Int64() <= math.MaxInt64>>20 {
-		suggest = formatSize(whole.Int64() << 20)
+		suggest = hostmem.FormatSize(whole.Int64() << 20)
 	}
 	return "", &sizeError{fmt.Sprintf("%s, not a whole number of bytes (a number in the config file is bytes): write \"%s\" for %s%s GiB, a string with its unit",
 		v, suggest, about, trimRat(r)), errSizeFraction}

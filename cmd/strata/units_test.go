@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/stratakv/strata/hostmem"
 )
 
 func TestParseBytes(t *testing.T) {
@@ -84,9 +86,9 @@ func TestSizeFromJSON(t *testing.T) {
 func TestFormatSizeRoundTrips(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.OneOf(rapid.Int64Min(0), rapid.Int64Range(0, 1<<20), rapid.Map(rapid.Int64Range(0, 1<<30), func(k int64) int64 { return k << 20 })).Draw(t, "n")
-		got, err := parseBytes(formatSize(n))
+		got, err := parseBytes(hostmem.FormatSize(n))
 		if err != nil || got != n {
-			t.Fatalf("parseBytes(formatSize(%d) = %q) = %d, %v", n, formatSize(n), got, err)
+			t.Fatalf("parseBytes(hostmem.FormatSize(%d) = %q) = %d, %v", n, hostmem.FormatSize(n), got, err)
 		}
 	})
 }
@@ -111,9 +113,9 @@ func FuzzParseBytes(f *testing.F) {
 		if n < 0 {
 			t.Fatalf("parseBytes(%q) = %d", s, n)
 		}
-		back, err := parseBytes(formatSize(n))
+		back, err := parseBytes(hostmem.FormatSize(n))
 		if err != nil || back != n {
-			t.Fatalf("parseBytes(%q) = %d, but parseBytes(formatSize(%d) = %q) = %d, %v", s, n, n, formatSize(n), back, err)
+			t.Fatalf("parseBytes(%q) = %d, but parseBytes(hostmem.FormatSize(%d) = %q) = %d, %v", s, n, n, hostmem.FormatSize(n), back, err)
 		}
 	})
 }

@@ -28,8 +28,10 @@ MIB = 1 << 20
 # What strata serve's own start checks refuse (node/arena's checkRoom,
 # hostmem's allocator): an arena that leaves less than this of MemAvailable.
 SERVE_RESERVE = GIB
-# The arena file's room beyond the arena: 1/1024 of it and this.
-ARENA_FILE_HEADER = 8 * MIB
+# The arena file's room beyond the arena: 1/1024 of it and at most this (8 MiB
+# of eviction log after a page of superblock and the unit map, the data then
+# aligned to 2 MiB), as cmd/strata/doctor.go's arenaFileHeader.
+ARENA_FILE_HEADER = 10 * MIB + 8 * 1024
 # Where the README keeps the arena file, so that a restarted service finds its objects.
 ARENA_FILE = "/dev/shm/strata/strata.arena"
 
