@@ -59,8 +59,7 @@ func (c *session) handleBatch(id uint64, msg wire.Message) {
 		defer cancel()
 		results := make([]wire.Result, len(m.Items))
 		if !c.getSmall(ctx, m.Items, w, results) {
-			c.eachItem(m.Items, w, true, func(i int, r resolved, t *tally) { results[i] = c.getResolved(ctx, m.Items[i], r, t) },
-				results, c.flushGets)
+			c.getLarge(ctx, m.Items, w, results)
 		}
 		if s.remote != nil {
 			var missed []int

@@ -87,17 +87,20 @@ func smallBatch(items []wire.Item) bool {
 	return len(items) > 0
 }
 
-// copyHits fills results with the items that sc leased (copied into their
-// ranges) and those with a range outside the client's segments, counting in t,
-// and reports whether any item is left: one the arena did not hold.
-func (c *session) copyHits(items []wire.Item, b *batchRanges, sc *getScratch, results []wire.Result, t *tally) (left bool) {
-	for i := range items {
+// copyHits fills results with the items of items[lo:lo+len(sc.keys)] that sc
+// leased (copied into their ranges) and those with a range outside the
+// client's segments, counting in t, and reports whether any item is left: one
+// the arena did not hold. sc's i-th lease is item lo+i's; b resolved all of
+// items.
+func (c *session) copyHits(items []wire.Item, lo int, b *batchRanges, sc *getScratch, results []wire.Result, t *tally) (left bool) {
+	for j := range sc.keys {
+		i := lo + j
 		r, ok := b.item(i)
 		switch {
 		case !ok:
 			results[i] = c.refuseIn(b, items, i)
-		case sc.errs[i] == nil:
-			if results[i] = c.copyLease(&sc.leases[i], items[i], r); results[i].Status == wire.OK {
+		case sc.errs[j] == nil:
+			if results[i] = c.copyLease(&sc.leases[j], items[i], r); results[i].Status == wire.OK {
 				t.hits++
 				t.objects++
 				t.bytes += r.size
@@ -122,7 +125,7 @@ func (c *session) getSmall(ctx context.Context, items []wire.Item, w *window, re
 	b := c.resolveBatch(items, w, true)
 	defer b.done()
 	var t [1]tally
-	left := c.copyHits(items, b, &sc, results, &t[0])
+	left := c.copyHits(items, 0, b, &sc, results, &t[0])
 	sc.done(c.srv.arena)
 	if left {
 		for i := range items {
@@ -164,7 +167,7 @@ func (c *session) getInArena(id uint64, m *wire.Get) bool {
 	clear(results)
 	b := c.resolveBatch(m.Items, c.newWindow(m.DeadlineNS, m.FenceSlot), true)
 	var t [1]tally
-	c.copyHits(m.Items, b, sc, results, &t[0])
+	c.copyHits(m.Items, 0, b, sc, results, &t[0])
 	sc.done(s.arena)
 	b.done()
 	c.ops.Add(1)
