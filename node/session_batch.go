@@ -48,8 +48,7 @@ func (c *session) handleBatch(id uint64, msg wire.Message) {
 		ctx, cancel := w.context(ctx)
 		defer cancel()
 		results := make([]wire.Result, len(m.Items))
-		c.eachItem(m.Items, w, false, func(i int, r resolved, t *tally) { results[i] = c.putResolved(ctx, m.Items[i], r, t) },
-			results, c.flushPuts)
+		c.putBatch(ctx, m.Items, w, results)
 		c.unscope(results)
 		c.reply(id, wire.TypeBatchReply, wire.BatchReply{Results: results})
 	case *wire.Get:
@@ -102,29 +101,6 @@ const inlineBatchBytes = 1 << 20
 type tally struct {
 	objects, bytes, hits int64
 	_                    [40]byte
-}
-
-// eachItem serves the items of a Put or Get (into: a Get): it resolves their
-// ranges at once (resolveBatch), calls serve for each item that resolved and
-// answers in results each that did not, on the request's goroutine for a
-// small batch and on up to CopyWorkers goroutines otherwise, and hands the
-// workers' tallies to flush.
-func (c *session) eachItem(items []wire.Item, w *window, into bool, serve func(i int, r resolved, t *tally), results []wire.Result, flush func([]tally)) {
-	b := c.resolveBatch(items, w, into)
-	defer b.done()
-	workers := 1
-	if b.bytes >= inlineBatchBytes {
-		workers = max(1, min(c.srv.cfg.CopyWorkers, len(items)))
-	}
-	tallies := make([]tally, workers)
-	c.srv.forEach(len(items), workers, func(w, i int) {
-		if r, ok := b.item(i); ok {
-			serve(i, r, &tallies[w])
-		} else {
-			results[i] = c.refuseIn(b, items, i)
-		}
-	})
-	flush(tallies)
 }
 
 // flushPuts adds the workers' tallies of a Put to the counters.

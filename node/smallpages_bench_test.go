@@ -22,6 +22,9 @@ type smallPages struct {
 	// rangeBytes is each range's length; stride the distance between one
 	// page's ranges (its layers); partBytes the distance between parts.
 	rangeBytes, stride, partBytes uint64
+	// runs names each part's ranges as one run (protocol revision 2), as the
+	// SGLang plugin does for an equally spaced part.
+	asRuns bool
 }
 
 // The two shapes of issue 21: Llama-3-8B in page_first (a page's K and V are
@@ -30,6 +33,7 @@ type smallPages struct {
 var smallPageShapes = []smallPages{
 	{name: "mha-page_first", pages: 512, parts: 2, ranges: 1, rangeBytes: 64 << 10},
 	{name: "mla-layer_first", pages: 512, parts: 1, ranges: 61, rangeBytes: 1152},
+	{name: "mla-layer_first-runs", pages: 512, parts: 1, ranges: 61, rangeBytes: 1152, asRuns: true},
 }
 
 // pool is the bytes of the host pool the pages lie in; the batch's pages are
@@ -61,7 +65,12 @@ func (p smallPages) items(seg uint32, keys []string, first int) []wire.Item {
 				off := uint64(part)*p.partBytes + uint64(l)*p.stride + slot*p.rangeBytes
 				rs[l] = wire.Range{Segment: seg, Offset: off, Length: p.rangeBytes}
 			}
-			items = append(items, wire.Item{Key: keys[pg*p.parts+part], Format: 7, Ranges: rs})
+			it := wire.Item{Key: keys[pg*p.parts+part], Format: 7, Ranges: rs}
+			if p.asRuns {
+				it.Ranges = nil
+				it.Runs = []wire.Run{{Segment: seg, Offset: rs[0].Offset, Length: p.rangeBytes, Stride: p.stride, Count: uint32(p.ranges)}}
+			}
+			items = append(items, it)
 		}
 	}
 	return items
@@ -158,6 +167,12 @@ func rangesOf(mem []byte, it wire.Item) [][]byte {
 	for _, rg := range it.Ranges {
 		out = append(out, mem[rg.Offset:rg.Offset+rg.Length:rg.Offset+rg.Length])
 	}
+	for _, run := range it.Runs {
+		for k := range uint64(run.Count) {
+			off := run.Offset + k*run.Stride
+			out = append(out, mem[off:off+run.Length:off+run.Length])
+		}
+	}
 	return out
 }
 
@@ -238,8 +253,8 @@ func benchSmallPages(b *testing.B, p smallPages, op string) {
 		same = objectCopies{}
 		for i, it := range stored {
 			var size int64
-			for _, rg := range it.Ranges {
-				size += int64(rg.Length)
+			for _, rg := range rangesOf(mem, it) {
+				size += int64(len(rg))
 			}
 			pd, err := s.arena.Reserve("bench/peer:"+it.Key, it.Format, size)
 			if err != nil {

@@ -25,6 +25,9 @@ var (
 	// ErrNoSpace: no free extent fits the object even after evicting every object
 	// that could be evicted; the rest is leased or being written.
 	ErrNoSpace = fmt.Errorf("arena: %w", storage.ErrNoSpace)
+	// ErrNotNow: ReserveInto found no room for the object without evicting or
+	// waiting for the warm-up; Reserve does both.
+	ErrNotNow = errors.New("arena: no room without evicting")
 	// ErrKey: a key that is empty or longer than MaxKeyBytes.
 	ErrKey = errors.New("invalid arena key")
 	// ErrSize: an object size that is not positive.

@@ -123,6 +123,9 @@ func expectBroken(t *testing.T, a *Arena, cfg Config, log *syncBuffer, key, why 
 	if st, err := os.Stat(cfg.File); err != nil || st.Size() != 0 {
 		t.Fatalf("the arena file was not emptied: %v, %v", st.Size(), err)
 	}
+	// The flag flips before breakArena logs (it replaces the file between):
+	// Err can say broken a moment before the line is written.
+	waitFor(t, "the arena's broken line in its log", func() bool { return strings.Contains(log.String(), "arena broken") })
 	if n := strings.Count(log.String(), "arena broken"); n != 1 {
 		t.Fatalf("%d log lines say the arena broke, want 1:\n%s", n, log.String())
 	}

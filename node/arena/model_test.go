@@ -53,6 +53,14 @@ type arenaModel struct {
 	evicted int64
 	slab    int64 // Config.SlabBytes
 	size    int64 // the arena's bytes
+	batches []modelBatch
+}
+
+// modelBatch is one ReserveInto's Pendings and the objects they hold (nil
+// where it reserved nothing).
+type modelBatch struct {
+	ps   []Pending
+	objs []*modelObject
 }
 
 // span is what an object of size bytes under key holds: a slot of its size class
@@ -161,6 +169,100 @@ func (m *arenaModel) reserve(t *rapid.T) {
 		t.Fatalf("reserved %d bytes, want %d", len(p.Bytes()), size)
 	}
 	copy(p.Bytes(), m.data(o))
+}
+
+// reserveBatch reserves up to four objects with one ReserveInto: each as
+// Reserve would, except that it evicts nothing, and answers ErrNotNow only
+// when no free extent would have held the object.
+func (m *arenaModel) reserveBatch(t *rapid.T) {
+	n := rapid.IntRange(1, 4).Draw(t, "n")
+	keys, formats, sizes := make([]string, n), make([]uint64, n), make([]int64, n)
+	for i := range n {
+		keys[i] = rapid.SampledFrom(m.keys).Draw(t, "key")
+		formats[i] = uint64(rapid.IntRange(1, 2).Draw(t, "format"))
+		sizes[i] = int64(rapid.OneOf(rapid.IntRange(1, int(m.unit)-1), rapid.IntRange(1, 8*int(m.unit))).Draw(t, "size"))
+	}
+	b := modelBatch{ps: make([]Pending, n), objs: make([]*modelObject, n)}
+	errs := make([]error, n)
+	m.victims = m.victims[:0]
+	// Until the warm-up ends it hands out memory meanwhile: the free space
+	// after the call says nothing about what was free during it.
+	warm := false
+	select {
+	case <-m.a.Ready():
+		warm = true
+	default:
+	}
+	if err := m.a.ReserveInto(keys, formats, sizes, b.ps, errs); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.victims) > 0 {
+		t.Fatalf("ReserveInto evicted %d objects", len(m.victims))
+	}
+	largest := m.a.Stats().LargestFreeExtent // free space only shrank during the call
+	for i, key := range keys {
+		err := errs[i]
+		if old := m.index[key]; old != nil {
+			if !errors.Is(err, ErrExists) || errors.Is(err, ErrFormat) != (old.format != formats[i]) {
+				t.Fatalf("ReserveInto of existing %s (format %d, now %d): %v", key, old.format, formats[i], err)
+			}
+			continue
+		}
+		span, fresh := m.span(int(sizes[i]), key)
+		if errors.Is(err, ErrNotNow) {
+			if warm && largest >= fresh {
+				t.Fatalf("ReserveInto: no room now for %s (%d bytes) with a free extent of %d", key, fresh, largest)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("ReserveInto %s: %v", key, err)
+		}
+		m.nextID++
+		o := &modelObject{id: m.nextID, key: key, format: formats[i], size: int(sizes[i]), span: span, state: pending, pending: &b.ps[i]}
+		m.objs[o.id], m.index[key] = o, o
+		b.objs[i] = o
+		if len(b.ps[i].Bytes()) != o.size {
+			t.Fatalf("ReserveInto gave %d bytes, want %d", len(b.ps[i].Bytes()), o.size)
+		}
+		copy(b.ps[i].Bytes(), m.data(o))
+	}
+	m.batches = append(m.batches, b)
+}
+
+// commitAll commits a batch's Pendings with one CommitAll: those still
+// pending as a Commit of each would, the others ErrDone.
+func (m *arenaModel) commitAll(t *rapid.T) {
+	if len(m.batches) == 0 {
+		t.Skip("no batch")
+	}
+	k := rapid.IntRange(0, len(m.batches)-1).Draw(t, "batch")
+	b := m.batches[k]
+	m.batches = slices.Delete(m.batches, k, k+1)
+	errs := make([]error, len(b.ps))
+	if err := m.a.CommitAll(b.ps, errs); err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range b.objs {
+		switch {
+		case o == nil || o.state != pending:
+			if !errors.Is(errs[i], ErrDone) {
+				t.Fatalf("CommitAll of an element that holds nothing or ended: %v, want ErrDone", errs[i])
+			}
+		case o.doomed:
+			if !errors.Is(errs[i], ErrRemoved) {
+				t.Fatalf("CommitAll of %s, removed while pending: %v, want ErrRemoved", o.key, errs[i])
+			}
+			o.state = freed
+			delete(m.index, o.key)
+		default:
+			if errs[i] != nil {
+				t.Fatalf("CommitAll of %s: %v", o.key, errs[i])
+			}
+			o.state, o.recency = committed, m.tick
+			m.tick++
+		}
+	}
 }
 
 func (m *arenaModel) commit(t *rapid.T) {
@@ -336,14 +438,16 @@ func TestArenaModel(t *testing.T) {
 		defer a.Close()
 		m.a = a
 		t.Repeat(map[string]func(*rapid.T){
-			"reserve":  m.reserve,
-			"commit":   m.commit,
-			"abort":    m.abort,
-			"acquire":  m.acquire,
-			"release":  m.release,
-			"remove":   m.remove,
-			"contains": m.contains,
-			"":         m.check,
+			"reserve":   m.reserve,
+			"commit":    m.commit,
+			"batch":     m.reserveBatch,
+			"commitAll": m.commitAll,
+			"abort":     m.abort,
+			"acquire":   m.acquire,
+			"release":   m.release,
+			"remove":    m.remove,
+			"contains":  m.contains,
+			"":          m.check,
 		})
 		// Ending every lease and write leaves exactly the committed objects.
 		for len(m.leases) > 0 {

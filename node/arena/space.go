@@ -21,7 +21,7 @@ func (a *Arena) nextSeqLocked() uint64 {
 // placeLocked finds space for a new pending object and indexes it; false when
 // there is no room (a class without a free slot and no extent for a new slab,
 // or no extent for the object).
-func (a *Arena) placeLocked(key string, h, format uint64, size int64, class int) (*Pending, bool, error) {
+func (a *Arena) placeLocked(key string, h, format uint64, size int64, class int, into *Pending) (bool, error) {
 	var off, ext int64
 	var ref uint32
 	var flags uint8
@@ -31,19 +31,19 @@ func (a *Arena) placeLocked(key string, h, format uint64, size int64, class int)
 		units := a.extUnits(size)
 		u, ok := a.ext.Alloc(units)
 		if !ok {
-			return nil, false, nil
+			return false, nil
 		}
 		id, o, ok := a.slotAllocLocked(class)
 		if !ok {
 			_ = a.ext.Free(u, units)
-			return nil, false, nil
+			return false, nil
 		}
 		ext, off, ref, flags = u*a.unit, o, id+1, flagLarge
 		a.markDescLocked(id, 1)
 	} else {
 		id, o, ok := a.slotAllocLocked(class)
 		if !ok {
-			return nil, false, nil
+			return false, nil
 		}
 		off, ref = o, id+1
 	}
@@ -60,7 +60,7 @@ func (a *Arena) placeLocked(key string, h, format uint64, size int64, class int)
 			_ = a.ext.Free(ext/a.unit, a.extUnits(size))
 		}
 		a.slotFreeLocked(ref-1, off)
-		return nil, false, indexErr(err)
+		return false, indexErr(err)
 	}
 	r := a.rec(idx)
 	*r = record{hash: h, format: format, off: off, size: size, ref: ref, keyLen: uint16(len(key)), state: pending, flags: flags}
@@ -83,7 +83,9 @@ func (a *Arena) placeLocked(key string, h, format uint64, size int64, class int)
 	a.held += span
 	a.kickLocked()
 	bo := a.bytesOff(r)
-	return &Pending{a: a, idx: idx, key: key, b: a.mem[bo : bo+size : bo+size]}, true, nil
+	into.a, into.idx, into.key, into.b = a, idx, key, a.mem[bo:bo+size:bo+size]
+	into.done.Store(false)
+	return true, nil
 }
 
 // unindexLocked takes a committed object out of the index and the LRU list,

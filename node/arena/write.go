@@ -73,27 +73,11 @@ func (a *Arena) Reserve(key string, format uint64, size int64) (_ *Pending, err 
 	// than enough to go round.
 	budget := 2*int64(a.recs.Live()) + 2
 	lruTries := 0
+	p := new(Pending)
 	for {
-		if a.closed {
-			return nil, fmt.Errorf("reserve %q: %w", key, ErrClosed)
-		}
-		if a.broken() {
-			return nil, fmt.Errorf("reserve %q: %w", key, a.brokenErrLocked())
-		}
-		if a.removingLocked(key) != nil {
-			// Being removed: no new copy may enter until the removal ends
-			// (remove.go). Await waits for it.
-			return nil, fmt.Errorf("reserve %q: being removed: %w", key, ErrExists)
-		}
-		if idx := a.lookupLocked(key, h); idx != 0 {
-			if f := a.rec(idx).format; f != format {
-				return nil, fmt.Errorf("reserve %q: held by an object of format %#x, not %#x: %w (%w)", key, f, format, ErrExists, ErrFormat)
-			}
-			return nil, fmt.Errorf("reserve %q: %w", key, ErrExists)
-		}
-		p, ok, err := a.placeLocked(key, h, format, size, class)
+		ok, err := a.reserveOnceLocked(key, h, format, size, class, p)
 		if err != nil {
-			return nil, fmt.Errorf("reserve %q: %w", key, err)
+			return nil, err
 		}
 		if ok {
 			return p, nil
@@ -131,6 +115,34 @@ func (a *Arena) Reserve(key string, format uint64, size int64) (_ *Pending, err 
 	}
 }
 
+// reserveOnceLocked is one try of Reserve without evicting or waiting: into
+// is the new pending object when it reports true; false with no error when
+// there is no room for it now.
+func (a *Arena) reserveOnceLocked(key string, h, format uint64, size int64, class int, into *Pending) (bool, error) {
+	if a.closed {
+		return false, fmt.Errorf("reserve %q: %w", key, ErrClosed)
+	}
+	if a.broken() {
+		return false, fmt.Errorf("reserve %q: %w", key, a.brokenErrLocked())
+	}
+	if a.removingLocked(key) != nil {
+		// Being removed: no new copy may enter until the removal ends
+		// (remove.go). Await waits for it.
+		return false, fmt.Errorf("reserve %q: being removed: %w", key, ErrExists)
+	}
+	if idx := a.lookupLocked(key, h); idx != 0 {
+		if f := a.rec(idx).format; f != format {
+			return false, fmt.Errorf("reserve %q: held by an object of format %#x, not %#x: %w (%w)", key, f, format, ErrExists, ErrFormat)
+		}
+		return false, fmt.Errorf("reserve %q: %w", key, ErrExists)
+	}
+	ok, err := a.placeLocked(key, h, format, size, class, into)
+	if err != nil {
+		return false, fmt.Errorf("reserve %q: %w", key, err)
+	}
+	return ok, nil
+}
+
 // Key is the key the object is reserved under.
 func (p *Pending) Key() string { return p.key }
 
@@ -149,9 +161,18 @@ func (p *Pending) Bytes() []byte {
 // arena broke (what was copied into it may be zeros): nothing is stored.
 func (p *Pending) Commit() (err error) {
 	a := p.a
+	if a == nil {
+		return fmt.Errorf("commit: an element of ReserveInto's that holds nothing: %w", ErrDone)
+	}
 	defer a.guard(debug.SetPanicOnFault(true), &err)
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return p.commitLocked()
+}
+
+// commitLocked is Commit under the arena's lock.
+func (p *Pending) commitLocked() error {
+	a := p.a
 	if p.done.Load() {
 		return fmt.Errorf("commit %q: %w", p.key, ErrDone)
 	}
@@ -194,6 +215,9 @@ func (p *Pending) Commit() (err error) {
 // can defer it right after Reserve.
 func (p *Pending) Abort() {
 	a := p.a
+	if a == nil {
+		return // an element of ReserveInto's that holds nothing
+	}
 	defer a.guard(debug.SetPanicOnFault(true), nil)
 	a.mu.Lock()
 	defer a.mu.Unlock()
