@@ -65,15 +65,21 @@ def start_service(args, tmp):
 def wait_up(sock, srv):
     from strata_client.client import Connection, StrataError
 
+    # Until ready, the service's arena warm-up takes a core and a put may wait
+    # for memory it has not populated yet: neither belongs to the copy.
     up = time.monotonic() + 120
     while True:
         try:
-            Connection(sock, 10.0, "bench-wait").close()
-            return
+            conn = Connection(sock, 10.0, "bench-wait")
+            starting = conn.hello.starting
+            conn.close()
+            if not starting:
+                return
         except (OSError, StrataError):
-            if srv.poll() is not None or time.monotonic() > up:
-                raise RuntimeError("the service did not answer a Hello within 120 s") from None
-            time.sleep(0.05)
+            pass
+        if srv.poll() is not None or time.monotonic() > up:
+            raise RuntimeError("the service was not up and ready within 120 s")
+        time.sleep(0.05)
 
 
 def run_case(kind, layout, page, args, sock):
