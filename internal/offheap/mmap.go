@@ -41,3 +41,11 @@ func unmapSlice[T any](s []T) {
 	var zero T
 	unmapAnon(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(zero))))
 }
+
+// Slice maps n zeroed elements of T, which must hold no pointers, outside the
+// Go heap: memory the collector neither scans nor counts, and whose pages cost
+// memory only once written. Free gives it back.
+func Slice[T any](n int) ([]T, error) { return mapSlice[T](n) }
+
+// Free unmaps what Slice mapped; nil is a no-op. Nothing may use s after.
+func Free[T any](s []T) { unmapSlice(s) }

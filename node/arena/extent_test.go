@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"runtime"
 	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/stratakv/strata/internal/memstat"
 )
 
 func TestExtentsBestFitLowestOffset(t *testing.T) {
@@ -316,4 +319,25 @@ func BenchmarkExtentsAllocFree(b *testing.B) {
 		live[i] = ext{off, n}
 	}
 	b.ReportMetric(float64(x.FreeExtents()), "free-extents")
+}
+
+// The extent allocator's words (8 bytes a unit) live outside the Go heap, as
+// the index does: a 64 GiB arena of 4 KiB units would otherwise add 128 MiB to
+// what the collector paces itself by.
+func TestExtentsWordsAreOffTheGoHeap(t *testing.T) {
+	const units = 1 << 24
+	runtime.GC()
+	before := memstat.HeapInuse()
+	x := NewExtents(units)
+	if off, ok := x.Alloc(units / 2); !ok || x.Free(off, units/2) != nil {
+		t.Fatal("alloc and free of half the units")
+	}
+	grew := int64(memstat.HeapInuse()) - int64(before)
+	if grew > 8<<20 {
+		t.Fatalf("the Go heap grew by %d bytes for an allocator of %d units (its words are %d bytes)", grew, units, x.WordBytes())
+	}
+	if err := x.Check(); err != nil {
+		t.Fatal(err)
+	}
+	runtime.KeepAlive(x)
 }

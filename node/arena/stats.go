@@ -34,8 +34,8 @@ type Stats struct {
 	// Slabs is the number of slabs of small objects.
 	Slabs int64 `json:"slabs"`
 	// IndexBytes is the memory the index has mapped outside the Go heap: object
-	// records, key blocks and the hash table; its pages become resident as they
-	// are first used.
+	// records, key blocks, the hash table and the extent allocator's two words
+	// a unit; its pages become resident as they are first used.
 	IndexBytes int64 `json:"indexBytes"`
 	// FreeExtents is the number of free extents, LargestFreeExtent the bytes of
 	// the largest: the largest object a Reserve can place without evicting.
@@ -163,7 +163,7 @@ func (a *Arena) Stats() Stats {
 		LeasedObjects:     a.leased,
 		Leases:            a.leases,
 		Slabs:             int64(len(a.slabs) - len(a.freeSlabs)),
-		IndexBytes:        a.recs.Bytes() + a.tab.Bytes(),
+		IndexBytes:        a.recs.Bytes() + a.tab.Bytes() + a.ext.WordBytes(),
 		FreeExtents:       int64(a.ext.FreeExtents()),
 		LargestFreeExtent: a.ext.LargestFree() * a.unit,
 		Fragmentation:     a.ext.Fragmentation(),
