@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [os.path.dirname(HERE), os.path.join(os.path.dirname(HERE), "tests"), HERE]
 
-from bench_sglang_peer import Memcpy2, cpu_name, fmt, load, page_runs  # noqa: E402
+from bench_sglang_peer import Memcpy2, cpu_name, fmt, load, page_runs, wait_ready  # noqa: E402
 
 CASES = [("mha", "layer_first"), ("mha", "page_first"), ("mla", "layer_first")]
 FAKE = """
@@ -60,26 +60,6 @@ def start_service(args, tmp):
         cmd += ["--log-level", "warn"]
         env = None
     return subprocess.Popen(cmd, start_new_session=True, env=env), sock
-
-
-def wait_up(sock, srv):
-    from strata_client.client import Connection, StrataError
-
-    # Until ready, the service's arena warm-up takes a core and a put may wait
-    # for memory it has not populated yet: neither belongs to the copy.
-    up = time.monotonic() + 120
-    while True:
-        try:
-            conn = Connection(sock, 10.0, "bench-wait")
-            starting = conn.hello.starting
-            conn.close()
-            if not starting:
-                return
-        except (OSError, StrataError):
-            pass
-        if srv.poll() is not None or time.monotonic() > up:
-            raise RuntimeError("the service was not up and ready within 120 s")
-        time.sleep(0.05)
 
 
 def run_case(kind, layout, page, args, sock):
@@ -189,7 +169,7 @@ def main(argv=None):
     srv, sock = start_service(args, tmp)
     rows = []
     try:
-        wait_up(sock, srv)
+        wait_ready(sock, srv)
         print(
             f"CPU {cpu_name()}, {os.cpu_count()} CPUs, load average at start {load()}; "
             f"{'a fake peer that copies nothing' if args.fake else 'strata serve'}; "

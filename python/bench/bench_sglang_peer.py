@@ -355,6 +355,27 @@ def report(case, gbps, apis, backends):
     return rows
 
 
+def wait_ready(sock, srv, timeout=120.0):
+    """Wait until the service at sock answers a Hello that no longer says
+    "starting": until then its arena warm-up takes a core and a put may wait
+    for memory not populated yet, neither of which belongs to the copy."""
+    from strata_client.client import Connection, StrataError
+
+    up = time.monotonic() + timeout
+    while True:
+        try:
+            conn = Connection(sock, 10.0, "bench-wait")
+            starting = conn.hello.starting
+            conn.close()
+            if not starting:
+                return
+        except (OSError, StrataError):
+            pass
+        if srv.poll() is not None or time.monotonic() > up:
+            raise RuntimeError(f"the service was not up and ready within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -415,7 +436,6 @@ def main(argv=None):
 
     if args.plugin:
         sys.path.insert(0, os.path.abspath(args.plugin))
-    from strata_client.client import Connection, StrataError
     from strata_sglang.storage import StrataStorage
     import sglang.srt.mem_cache.pool_host.base as host_base
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
@@ -445,15 +465,7 @@ def main(argv=None):
             + ["--log-level", "warn"],
             start_new_session=True,
         )
-        up = time.monotonic() + 120
-        while True:
-            try:
-                Connection(sock, 10.0, "bench-wait").close()
-                break
-            except (OSError, StrataError):
-                if srv.poll() is not None or time.monotonic() > up:
-                    raise RuntimeError("strata serve did not answer a Hello within 120 s") from None
-                time.sleep(0.05)
+        wait_ready(sock, srv)
         ctx = types.SimpleNamespace(
             torch=torch,
             harness=harness,
