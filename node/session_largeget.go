@@ -25,19 +25,32 @@ const leaseChunk = 32
 func (c *session) getLarge(ctx context.Context, items []wire.Item, w *window, results []wire.Result) {
 	b := c.resolveBatch(items, w, true)
 	defer b.done()
-	chunks := (len(items) + leaseChunk - 1) / leaseChunk
+	scratch := make([]getScratch, c.chunkWorkers())
+	c.flushGets(c.eachChunk(b, len(items), func(wk, lo, hi int, t *tally) {
+		c.getChunk(ctx, items, lo, hi, b, &scratch[wk], results, t)
+	}))
+}
+
+// chunkWorkers is the most goroutines eachChunk serves a batch on.
+func (c *session) chunkWorkers() int { return max(1, c.srv.cfg.CopyWorkers) }
+
+// eachChunk calls serve for the items [lo, hi) of each chunk of leaseChunk of
+// the n items b resolved, on the request's goroutine for a batch under
+// inlineBatchBytes and on up to chunkWorkers goroutines otherwise, wk naming
+// the one that runs it (0 to chunkWorkers-1, for its scratch), and returns the
+// workers' tallies.
+func (c *session) eachChunk(b *batchRanges, n int, serve func(wk, lo, hi int, t *tally)) []tally {
+	chunks := (n + leaseChunk - 1) / leaseChunk
 	workers := 1
 	if b.bytes >= inlineBatchBytes {
-		workers = max(1, min(c.srv.cfg.CopyWorkers, chunks))
+		workers = max(1, min(c.chunkWorkers(), chunks))
 	}
 	tallies := make([]tally, workers)
-	scratch := make([]getScratch, workers)
 	c.srv.forEach(chunks, workers, func(wk, k int) {
 		lo := k * leaseChunk
-		hi := min(lo+leaseChunk, len(items))
-		c.getChunk(ctx, items, lo, hi, b, &scratch[wk], results, &tallies[wk])
+		serve(wk, lo, min(lo+leaseChunk, n), &tallies[wk])
 	})
-	c.flushGets(tallies)
+	return tallies
 }
 
 // getChunk serves items[lo:hi] of a large Get into results (getLarge).

@@ -39,18 +39,10 @@ func (sc *putScratch) reset() {
 func (c *session) putBatch(ctx context.Context, items []wire.Item, w *window, results []wire.Result) {
 	b := c.resolveBatch(items, w, false)
 	defer b.done()
-	chunks := (len(items) + leaseChunk - 1) / leaseChunk
-	workers := 1
-	if b.bytes >= inlineBatchBytes {
-		workers = max(1, min(c.srv.cfg.CopyWorkers, chunks))
-	}
-	tallies := make([]tally, workers)
-	scratch := make([]putScratch, workers)
-	c.srv.forEach(chunks, workers, func(wk, k int) {
-		lo := k * leaseChunk
-		c.putChunk(ctx, items, lo, min(lo+leaseChunk, len(items)), b, &scratch[wk], results, &tallies[wk])
-	})
-	c.flushPuts(tallies)
+	scratch := make([]putScratch, c.chunkWorkers())
+	c.flushPuts(c.eachChunk(b, len(items), func(wk, lo, hi int, t *tally) {
+		c.putChunk(ctx, items, lo, hi, b, &scratch[wk], results, t)
+	}))
 }
 
 // putChunk serves items[lo:hi] of a Put into results (putBatch).
