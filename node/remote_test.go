@@ -137,6 +137,13 @@ func TestRedisOutageIsTwoLogLines(t *testing.T) {
 	}
 	redis.Restart(t)
 	waitRemoteConnected(t, s)
+	// Connected flips before the outage's recovery line is written: wait for
+	// the line (bounded), then count.
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "Redis answers again"); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the service reached Redis again but logged no recovery in 10 s:\n%s", logs.String())
+		}
+	}
 	var warns, backs []string
 	for _, line := range strings.Split(logs.String(), "\n") {
 		switch {
