@@ -215,8 +215,11 @@ func (p *Pending) commitLocked() error {
 // can defer it right after Reserve.
 func (p *Pending) Abort() {
 	a := p.a
-	if a == nil {
-		return // an element of ReserveInto's that holds nothing
+	if a == nil || p.done.Load() {
+		// Holds nothing (an element of ReserveInto's), or ended: only this
+		// Pending's own goroutine ends it, so no lock is needed to know. The
+		// deferred Abort after every Commit took the arena's lock for nothing.
+		return
 	}
 	defer a.guard(debug.SetPanicOnFault(true), nil)
 	a.mu.Lock()
