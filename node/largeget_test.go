@@ -9,7 +9,7 @@ import (
 	"github.com/stratakv/strata/node/wire"
 )
 
-// A Get of at least inlineBatchBytes is served leaseChunk items at a time
+// A Get of at least inlineBatchBytes is served chunkItems items at a time
 // (getLarge). Every item of such a batch must come back as a Get of it alone
 // would answer it, wherever it falls in its chunk: hits with their bytes,
 // misses, another format, a range outside the client's segments, and memory
@@ -19,7 +19,7 @@ func TestLargeGetAnswersEveryItemAsAloneWherever(t *testing.T) {
 		t.Run(fmt.Sprint("workers=", workers), func(t *testing.T) {
 			s := start(t, func(c *Config) { c.ArenaBytes = 64 << 20; c.CopyWorkers = workers })
 			c := dial(t, s)
-			const n, size = 3*leaseChunk + 5, 16 << 10 // over inlineBatchBytes, chunks not full
+			const n, size = 3*chunkItems + 5, 16 << 10 // over inlineBatchBytes, chunks not full
 			r, seg := c.segment(2 * n * size)
 			mem := r.Bytes()
 			for i := range mem[:n*size] {
@@ -101,7 +101,7 @@ func TestLargeGetWaitsForAPutHeldMidway(t *testing.T) {
 	s := start(t, func(c *Config) { c.ArenaBytes = 64 << 20; c.hooks = g.hooks() })
 	t.Cleanup(g.release)
 	a, b := dial(t, s), dial(t, s)
-	const n, size = 2 * leaseChunk, 32 << 10
+	const n, size = 2 * chunkItems, 32 << 10
 	ra, sa := a.segment(n * size)
 	rb, sb := b.segment(n * size)
 	for i := range ra.Bytes() {

@@ -22,7 +22,7 @@ func TestChunkedPutAfterAFaultStoresNothingItDidNotCopy(t *testing.T) {
 		t.Run(fmt.Sprint("workers=", workers), func(t *testing.T) {
 			s := start(t, func(c *Config) { c.ArenaBytes = 64 << 20; c.CopyWorkers = workers })
 			c := dial(t, s)
-			const n, part = leaseChunk + 8, 64 << 10 // over inlineBatchBytes; two chunks
+			const n, part = chunkItems + 8, 64 << 10 // over inlineBatchBytes; two chunks
 			fd, mem := unsealedSegment(t, n*part, 0)
 			seg := c.register(fd, n*part, "shrunk")
 			for i := range mem {

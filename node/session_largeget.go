@@ -6,18 +6,20 @@ import (
 	"github.com/stratakv/strata/node/wire"
 )
 
-// leaseChunk is how many items of a large Get a copy worker leases under one
-// lock (arena.AcquireInto) before it copies them. A lease taken one object at a
-// time was a fifth of a one-token page's Get beside its copy: a Lease
+// chunkItems is how many items of a large Get a copy worker leases under one
+// lock (arena.AcquireInto) before it copies them, and how many of a Put it
+// reserves and commits under one (arena.ReserveInto, CommitAll). A lease
+// taken one object at a time was a fifth of a one-token page's Get beside its
+// copy: a Lease
 // allocated per object, the arena's lock taken twice, and a key compared in
 // arena memory while nothing else was in flight. A chunk takes the lock twice
 // for all of its objects and looks their keys up back to back; it is small
 // enough that the leases it holds while it copies keep few objects from
 // eviction, and that the workers still share a batch's items evenly.
-const leaseChunk = 32
+const chunkItems = 32
 
 // getLarge serves a Get of at least inlineBatchBytes on up to CopyWorkers
-// goroutines, each taking leaseChunk items at a time: the objects the arena
+// goroutines, each taking chunkItems items at a time: the objects the arena
 // holds are leased under one lock and copied, and the others are served one by
 // one once the chunk's leases are released (getResolved: waits for writes,
 // the spill). A chunk whose items the arena cannot lease at once (items of
@@ -34,21 +36,21 @@ func (c *session) getLarge(ctx context.Context, items []wire.Item, w *window, re
 // chunkWorkers is the most goroutines eachChunk serves a batch on.
 func (c *session) chunkWorkers() int { return max(1, c.srv.cfg.CopyWorkers) }
 
-// eachChunk calls serve for the items [lo, hi) of each chunk of leaseChunk of
+// eachChunk calls serve for the items [lo, hi) of each chunk of chunkItems of
 // the n items b resolved, on the request's goroutine for a batch under
 // inlineBatchBytes and on up to chunkWorkers goroutines otherwise, wk naming
 // the one that runs it (0 to chunkWorkers-1, for its scratch), and returns the
 // workers' tallies.
 func (c *session) eachChunk(b *batchRanges, n int, serve func(wk, lo, hi int, t *tally)) []tally {
-	chunks := (n + leaseChunk - 1) / leaseChunk
+	chunks := (n + chunkItems - 1) / chunkItems
 	workers := 1
 	if b.bytes >= inlineBatchBytes {
 		workers = max(1, min(c.chunkWorkers(), chunks))
 	}
 	tallies := make([]tally, workers)
 	c.srv.forEach(chunks, workers, func(wk, k int) {
-		lo := k * leaseChunk
-		serve(wk, lo, min(lo+leaseChunk, n), &tallies[wk])
+		lo := k * chunkItems
+		serve(wk, lo, min(lo+chunkItems, n), &tallies[wk])
 	})
 	return tallies
 }

@@ -19,7 +19,8 @@ type putScratch struct {
 	items   []int // the item each reservation is for
 	ps      []arena.Pending
 	errs    []error
-	later   []int // items served one by one after the chunk
+	commits []bool // which of ps commitChunk commits
+	later   []int  // items served one by one after the chunk
 }
 
 func (sc *putScratch) reset() {
@@ -27,7 +28,7 @@ func (sc *putScratch) reset() {
 	sc.keys, sc.formats, sc.sizes, sc.items, sc.later = sc.keys[:0], sc.formats[:0], sc.sizes[:0], sc.items[:0], sc.later[:0]
 }
 
-// putBatch serves the items of a Put, leaseChunk at a time: a chunk's objects
+// putBatch serves the items of a Put, chunkItems at a time: a chunk's objects
 // are reserved under one lock (arena.ReserveInto), copied, and committed
 // under one lock (arena.CommitAll); on up to CopyWorkers goroutines for a batch
 // of at least inlineBatchBytes, on the request's own for a smaller one. The
@@ -82,7 +83,7 @@ func (c *session) putChunk(ctx context.Context, items []wire.Item, lo, hi int, b
 		return
 	}
 	if cap(sc.ps) < n {
-		sc.ps, sc.errs = make([]arena.Pending, n), make([]error, n)
+		sc.ps, sc.errs, sc.commits = make([]arena.Pending, n), make([]error, n), make([]bool, n)
 	}
 	ps, errs := sc.ps[:n], sc.errs[:n]
 	if err := s.arena.ReserveInto(sc.keys, sc.formats, sc.sizes, ps, errs); err != nil {
@@ -140,7 +141,7 @@ func (c *session) commitChunk(items []wire.Item, sc *putScratch, results []wire.
 	}()
 	// The reservation errors are spent (copyChunk queued those items): the
 	// slice takes the commits' now.
-	committing := make([]bool, n)
+	committing := sc.commits[:n]
 	for j := range ps {
 		committing[j] = sc.errs[j] == nil && ps[j].Bytes() != nil
 	}
