@@ -254,3 +254,45 @@ func TestBatchLeasesUnderEviction(t *testing.T) {
 	}
 	mustCheck(t, a)
 }
+
+// ReserveInto across Close, as AcquireInto: Pendings reserved before Close
+// end as a Commit of each would (ErrClosed, nothing stored, the memory given
+// back once they end); a ReserveInto after it fails as a whole and reserves
+// nothing; and the elements that hold nothing can be committed (ErrDone) and
+// aborted without harm.
+func TestReserveIntoAcrossClose(t *testing.T) {
+	a, err := New(testConfig(t, 1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, formats, sizes := []string{"k", "s", ""}, []uint64{1, 1, 1}, []int64{5000, 100, 10}
+	ps, errs := make([]Pending, 3), make([]error, 3)
+	if err := a.ReserveInto(keys, formats, sizes, ps, errs); err != nil || errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], ErrKey) {
+		t.Fatalf("reserve: %v %v", err, errs)
+	}
+	if err := ps[2].Commit(); !errors.Is(err, ErrDone) {
+		t.Fatalf("Commit of an element that holds nothing: %v, want ErrDone", err)
+	}
+	ps[2].Abort()
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	more, merrs := make([]Pending, 1), make([]error, 1)
+	if err := a.ReserveInto([]string{"late"}, []uint64{1}, []int64{100}, more, merrs); !errors.Is(err, ErrClosed) {
+		t.Fatalf("ReserveInto after Close: %v, want ErrClosed", err)
+	}
+	more[0].Abort() // holds nothing
+	cerrs := make([]error, 3)
+	if err := a.CommitAll(ps, cerrs); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(cerrs[0], ErrClosed) || !errors.Is(cerrs[1], ErrClosed) || !errors.Is(cerrs[2], ErrDone) {
+		t.Fatalf("CommitAll after Close: %v", cerrs)
+	}
+	a.mu.Lock()
+	unmapped := a.back == nil
+	a.mu.Unlock()
+	if !unmapped {
+		t.Fatal("memory still mapped after the last Pendings ended")
+	}
+}
