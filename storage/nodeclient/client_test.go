@@ -99,6 +99,18 @@ func TestConformance(t *testing.T) {
 }
 
 func testGroup(t *testing.T, b storage.Backend, pages int) *pool.Group {
+	return buildGroup(t, b, pool.GroupSpec{
+		Pools: []pool.PoolSpec{
+			{Name: "kv", Geometry: kvlayout.Geometry{Layers: 2, KVHeads: 2, HeadDim: 32, DTypeBytes: 2}},
+			{Name: "draft", Geometry: kvlayout.Geometry{Layers: 1, KVHeads: 2, HeadDim: 32, DTypeBytes: 2}},
+		},
+		Layout: kvlayout.PageFirst, PageSize: 8, Pages: pages,
+	})
+}
+
+// buildGroup builds spec's pools in host memory b can register, closed when
+// the test ends.
+func buildGroup(t *testing.T, b storage.Backend, spec pool.GroupSpec) *pool.Group {
 	t.Helper()
 	acfg := hostmem.DefaultConfig(hostmem.Mmap)
 	acfg.ReserveBytes = 0
@@ -106,13 +118,7 @@ func testGroup(t *testing.T, b storage.Backend, pages int) *pool.Group {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := pool.BuildGroup(pool.GroupSpec{
-		Pools: []pool.PoolSpec{
-			{Name: "kv", Geometry: kvlayout.Geometry{Layers: 2, KVHeads: 2, HeadDim: 32, DTypeBytes: 2}},
-			{Name: "draft", Geometry: kvlayout.Geometry{Layers: 1, KVHeads: 2, HeadDim: 32, DTypeBytes: 2}},
-		},
-		Layout: kvlayout.PageFirst, PageSize: 8, Pages: pages,
-	}, alloc)
+	g, err := pool.BuildGroup(spec, alloc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/stratakv/strata/hostmem"
 	"github.com/stratakv/strata/kvlayout"
 	"github.com/stratakv/strata/node/wire"
 	"github.com/stratakv/strata/pagekey"
@@ -59,20 +58,8 @@ func TestRunsOnlyWhereTheServiceTakesThem(t *testing.T) {
 // layerFirstGroup is testGroup's kv pool laid out layer_first: each part of
 // a page is a range per layer.
 func layerFirstGroup(t *testing.T, b storage.Backend, pages int) *pool.Group {
-	t.Helper()
-	acfg := hostmem.DefaultConfig(hostmem.Mmap)
-	acfg.ReserveBytes = 0
-	alloc, err := storage.HostAllocator(b, acfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := pool.BuildGroup(pool.GroupSpec{
+	return buildGroup(t, b, pool.GroupSpec{
 		Pools:  []pool.PoolSpec{{Name: "kv", Geometry: kvlayout.Geometry{Layers: 4, KVHeads: 2, HeadDim: 32, DTypeBytes: 2}}},
 		Layout: kvlayout.LayerFirst, PageSize: 8, Pages: pages,
-	}, alloc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { g.Close() })
-	return g
+	})
 }
