@@ -59,6 +59,10 @@ type sealer struct {
 	// objects left unsealed.
 	abandon bool
 
+	// hashing is how many objects a sealer took from the queue and has not
+	// stored the seals of: still unsealed, for Stats, though not queued.
+	hashing int
+
 	sealed, sealedBytes, skipped int64
 	took                         time.Duration
 }
@@ -143,6 +147,7 @@ func (a *Arena) takeSeals(spans []sealSpan) ([]sealSpan, []byte, bool) {
 		}
 	}
 	a.seal.queue = a.seal.queue[n:]
+	a.seal.hashing += len(spans)
 	return spans, a.mem, true
 }
 
@@ -150,6 +155,7 @@ func (a *Arena) takeSeals(spans []sealSpan) ([]sealSpan, []byte, bool) {
 func (a *Arena) storeSeals(spans []sealSpan, took time.Duration) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.seal.hashing -= len(spans)
 	for _, s := range spans {
 		if a.broken() || !a.sealableLocked(a.rec(s.job.idx), s.job.seq) {
 			a.seal.skipped++

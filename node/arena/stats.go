@@ -187,7 +187,7 @@ func (a *Arena) Stats() Stats {
 		Recovery:      a.recoveryStatsLocked(),
 		Sealed:        a.seal.sealed,
 		SealedBytes:   a.seal.sealedBytes,
-		Unsealed:      int64(len(a.seal.queue)),
+		Unsealed:      int64(len(a.seal.queue) + a.seal.hashing),
 		SealSkipped:   a.seal.skipped,
 		SealTook:      a.seal.took,
 		Broken:        a.brokenWhyLocked(),
