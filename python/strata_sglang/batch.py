@@ -32,12 +32,20 @@ from __future__ import annotations
 import bisect
 from typing import List, Optional, Tuple
 
+import numpy as np
 import torch
 
 from strata_client import wire
 
-_I64 = torch.int64
-_U8 = torch.uint8
+from . import uniform
+
+# The arithmetic is numpy's: a numpy operation on a few thousand elements costs
+# about 1 us of dispatch where torch 1.13's costs 5-10 (a batch takes some
+# hundred of them); torch is only what SGLang hands in (host indices) and what
+# get_page_buffer_meta is asked with. Every function takes torch tensors or
+# numpy arrays (a CPU tensor's .numpy() is a view, no copy).
+_I64 = np.int64
+_U8 = np.uint8
 # Protobuf tags of the fields an item holds: Put/Get.items (1, bytes), Item.key
 # (1, bytes), Item.format (2, fixed64), Item.ranges (3, bytes), Range.segment (1,
 # varint), Range.offset (2, varint), Range.length (3, varint).
@@ -59,46 +67,59 @@ _TAG_COUNT = 0x28
 # frame; a key at most MAX_KEY bytes), and a mask keeps the bytes each varint
 # really has.
 _W = 8
-_SHIFTS = torch.arange(0, 7 * _W, 7, dtype=_I64)
-_POS = torch.arange(_W, dtype=_I64)
+_SHIFTS = np.arange(0, 7 * _W, 7, dtype=_I64)
+_POS = np.arange(_W, dtype=_I64)
 # A varint of x has 1 + (number of these that are <= x) bytes.
-_STEPS = torch.tensor([1 << (7 * i) for i in range(1, _W)], dtype=_I64)
+_STEPS = np.array([1 << (7 * i) for i in range(1, _W)], dtype=_I64)
 # An item's head: its own tag and length slot, the key's tag and length slot.
-_HEAD_TAGS = torch.tensor([[_TAG_ITEM], [_TAG_KEY]], dtype=_U8)
+_HEAD_TAGS = np.array([[_TAG_ITEM], [_TAG_KEY]], dtype=_U8)
 
 
-def width(x: torch.Tensor) -> int:
+def arr(x, dtype=None) -> np.ndarray:
+    """x (a CPU torch tensor, a numpy array or a list) as a numpy array: a
+    tensor's is a view of its memory."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach()
+        if x.device.type != "cpu":
+            x = x.cpu()
+        x = x.numpy()
+    x = np.asarray(x)
+    return x if dtype is None or x.dtype == dtype else x.astype(dtype)
+
+
+def width(x) -> int:
     """The varint slot width, in bytes, of the largest of the values x."""
-    top = int(x.max()) if x.numel() else 0
+    x = arr(x)
+    top = int(x.max()) if x.size else 0
     if top >= 1 << (7 * _W):
         raise wire.Malformed(f"value {top} is too large for a range or an item")
     return max(1, (top.bit_length() + 6) // 7)
 
 
-def varints(x: torch.Tensor, w: int = 0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def varints(x, w: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Protobuf varints of the non-negative int64 values x, in w-byte slots
     (w=0: as wide as the largest needs).
 
     Returns (bytes, mask, count): bytes and mask have x's shape plus a last
     dimension of w; mask marks the count bytes each varint really has.
     """
+    x = arr(x, _I64)
     w = w or width(x)
-    if x.dim() and x.numel() > 64:
+    if x.ndim and x.size > 64:
         first = x.reshape(-1)[:1]
-        if bool((x == first).all()):
+        if bool((x == first[0]).all()):
             # One value throughout (a batch's segment, or its range length):
             # one varint, broadcast, instead of shifting every element.
             b, m, c = varints(first, w)
             shape = x.shape + (w,)
-            return b.expand(shape), m.expand(shape), c.expand(x.shape)
+            return np.broadcast_to(b, shape), np.broadcast_to(m, shape), np.broadcast_to(c, x.shape)
     if w == 1:
-        ones = torch.ones(x.shape + (1,), dtype=torch.bool)
-        return x.to(_U8).unsqueeze(-1), ones, torch.ones_like(x)
-    count = torch.bucketize(x, _STEPS[: w - 1], right=True) + 1
-    mask = _POS[:w] < count.unsqueeze(-1)
-    groups = ((x.unsqueeze(-1) >> _SHIFTS[:w]) & 0x7F).to(_U8)
+        return x.astype(_U8)[..., None], np.ones(x.shape + (1,), dtype=bool), np.ones_like(x)
+    count = np.searchsorted(_STEPS[: w - 1], x, side="right") + 1
+    mask = _POS[:w] < count[..., None]
+    groups = ((x[..., None] >> _SHIFTS[:w]) & 0x7F).astype(_U8)
     # Every byte but a varint's last has the continuation bit: the next is in it.
-    groups[..., :-1] |= mask[..., 1:].to(_U8) << 7
+    groups[..., :-1] |= mask[..., 1:].astype(_U8) << 7
     return groups, mask, count
 
 
@@ -138,46 +159,48 @@ class PageModel:
         for p, (ptrs, _) in zip(probes, metas):
             if any(x + p * s != y for x, s, y in zip(a, b, ptrs)):
                 return  # not affine in the page number: call SGLang every time
-        self.a = torch.tensor(a, dtype=_I64)
-        self.b = torch.tensor(b, dtype=_I64)
-        self.sizes = torch.tensor(sizes, dtype=_I64)
+        self.a = np.array(a, dtype=_I64)
+        self.b = np.array(b, dtype=_I64)
+        self.sizes = np.array(sizes, dtype=_I64)
         self.ok = True
 
     def _meta(self, page: int):
         ptrs, sizes = self.host.get_page_buffer_meta(
-            torch.arange(page * self.ps, (page + 1) * self.ps, dtype=_I64)
+            torch.arange(page * self.ps, (page + 1) * self.ps, dtype=torch.int64)
         )
         return [int(p) for p in ptrs], [int(s) for s in sizes]
 
-    def pointers(self, host_indices: torch.Tensor, n: int):
-        """(ptrs, sizes), each (n, per), of the n pages of host_indices; None when
-        the model does not apply (not whole pages, or SGLang disagrees)."""
+    def pointers(self, host_indices, n: int):
+        """(ptrs, sizes), each (n, per), of the n pages of host_indices (a torch
+        tensor, as SGLang gives them); None when the model does not apply (not
+        whole pages, or SGLang disagrees)."""
         if not self.ok:
             return None
-        first = host_indices.reshape(n, self.ps)[:, 0].to(_I64)
-        page = torch.div(first, self.ps, rounding_mode="floor")
-        if bool(((first % self.ps) != 0).any()) or bool(((page < 0) | (page >= self.pages)).any()):
+        a, b, sizes = arr(self.a, _I64), arr(self.b, _I64), arr(self.sizes, _I64)
+        first = arr(host_indices).reshape(n, self.ps)[:, 0].astype(_I64)
+        page = first // self.ps
+        if bool((first % self.ps).any()) or bool(((page < 0) | (page >= self.pages)).any()):
             return None
-        ptrs = self.a + page.unsqueeze(1) * self.b
+        ptrs = a + page[:, None] * b
         # One page of SGLang's own answer per batch: a pool whose memory moved,
         # or a layout whose pointers this model gets wrong, is never trusted.
         want, want_sizes = self.host.get_page_buffer_meta(host_indices[: self.ps])
         if [int(p) for p in want] != ptrs[0].tolist() or [
             int(s) for s in want_sizes
-        ] != self.sizes.tolist():
+        ] != sizes.tolist():
             self.ok = False
             return None
-        return ptrs, self.sizes.expand(n, -1)
+        return ptrs, np.broadcast_to(sizes, (n, sizes.shape[0]))
 
 
-def meta_pointers(host, host_indices: torch.Tensor, n: int):
+def meta_pointers(host, host_indices, n: int):
     """(ptrs, sizes), each (n, per), from SGLang's get_page_buffer_meta; None when
     its answer does not split into n pages."""
     ptrs, sizes = host.get_page_buffer_meta(host_indices)
     if len(ptrs) == 0 or len(ptrs) % n or len(sizes) != len(ptrs):
         return None
-    p = torch.tensor([int(x) for x in ptrs], dtype=_I64).view(n, -1)
-    s = torch.tensor([int(x) for x in sizes], dtype=_I64).view(n, -1)
+    p = np.array([int(x) for x in ptrs], dtype=_I64).reshape(n, -1)
+    s = np.array([int(x) for x in sizes], dtype=_I64).reshape(n, -1)
     return p, s
 
 
@@ -196,22 +219,17 @@ class Encoded:
         self.runs = runs  # how many of the items are one Run (the first ones)
 
 
-def locate(ptrs: torch.Tensor, sizes: torch.Tensor, bases: torch.Tensor, ends: torch.Tensor):
+def locate(ptrs, sizes, bases, ends):
     """(segment index, offset, inside) of each run [ptr, ptr+size): inside is
     False for a run not wholly inside one of the segments (sorted by base)."""
-    si = torch.searchsorted(bases, ptrs, right=True) - 1
-    sic = si.clamp(min=0)
+    ptrs, sizes, bases, ends = arr(ptrs, _I64), arr(sizes, _I64), arr(bases, _I64), arr(ends, _I64)
+    si = np.searchsorted(bases, ptrs, side="right") - 1
+    sic = np.maximum(si, 0)
     inside = (si >= 0) & (sizes > 0) & (ptrs + sizes <= ends[sic])
     return sic, ptrs - bases[sic], inside
 
 
-def plan_pages(
-    ptrs: torch.Tensor,
-    sizes: torch.Tensor,
-    parts: int,
-    bases: torch.Tensor,
-    ends: torch.Tensor,
-):
+def plan_pages(ptrs, sizes, parts: int, bases, ends):
     """Split each page's runs into its parts and place them in the segments.
 
     ptrs, sizes: (n, per), a page's elements in SGLang's order (part e % parts of
@@ -220,93 +238,103 @@ def plan_pages(
     good (n,) is False for a page that has a run outside the segments or a part
     with more than MAX_RANGES ranges. None when per is not a multiple of parts.
     """
+    ptrs, sizes = arr(ptrs, _I64), arr(sizes, _I64)
     n, per = ptrs.shape
     if per % parts:
         return None
     runs = per // parts
-    p = ptrs.view(n, runs, parts).transpose(1, 2).contiguous()
-    s = sizes.reshape(n, runs, parts).transpose(1, 2).contiguous()
+    p = ptrs.reshape(n, runs, parts).transpose(0, 2, 1)
+    s = sizes.reshape(n, runs, parts).transpose(0, 2, 1)
     seg, off, inside = locate(p, s, bases, ends)
     good = inside.reshape(n, -1).all(1)
     # A run that starts where the one before it (same part) ends, in the same
     # segment, extends it: one range, as SGLang's layer_first pages of a pool
     # of one page would be.
-    adj = torch.zeros_like(inside)
+    keep = np.ones(inside.shape, dtype=bool)
     if runs > 1:
-        adj[:, :, 1:] = (seg[:, :, 1:] == seg[:, :, :-1]) & (
-            off[:, :, 1:] == off[:, :, :-1] + s[:, :, :-1]
+        keep[:, :, 1:] = (seg[:, :, 1:] != seg[:, :, :-1]) | (
+            off[:, :, 1:] != off[:, :, :-1] + s[:, :, :-1]
         )
-    keep = ~adj
-    length = s.clone()
-    if bool(adj.any()):
-        group = keep.to(_I64).cumsum(2) - 1  # index of the range each run joins
-        merged = torch.zeros_like(s).scatter_add_(2, group, s)
-        length = torch.where(keep, merged.gather(2, group), torch.zeros_like(s))
+    length = np.ascontiguousarray(s)
+    if not bool(keep.all()):
+        # A kept run's range is it and the merged runs after it: the sums of
+        # the runs from each kept one to the next (a part's first run is always
+        # kept, so no range crosses a part).
+        sums = np.add.reduceat(length.reshape(-1), np.flatnonzero(keep.reshape(-1)))
+        length = np.zeros(s.shape, dtype=_I64)
+        length[keep] = sums
     good &= (keep.sum(2) <= wire.MAX_RANGES).all(1)
     return seg, off, length, keep, good
 
 
-def name_rows(prefix: bytes, keys: List[str], suffixes: List[bytes]) -> Optional[torch.Tensor]:
+def name_rows(prefix: bytes, keys: List[str], suffixes: List[bytes]) -> Optional[np.ndarray]:
     """The object names prefix + key + suffix, for each key and each suffix in
     turn, as the rows of a byte matrix (what encode takes instead of a list);
-    None unless every key is ASCII of one length and every suffix of one length.
-
-    For a batch of 512 one-token MHA pages (1024 names) this and the encoding
-    that takes it cost 0.43 ms of CPU where the list and its join cost 0.52."""
+    None unless every key is ASCII of one length and every suffix of one length."""
     if not keys or len(set(map(len, suffixes))) != 1 or len(set(map(len, keys))) != 1:
         return None
     blob = "".join(keys)
     if not blob or not blob.isascii():
         return None
     m, parts, klen = len(keys), len(suffixes), len(keys[0])
-    key_b = torch.frombuffer(bytearray(blob.encode("ascii")), dtype=_U8).view(m, 1, klen)
-    pre = torch.tensor(list(prefix), dtype=_U8).view(1, 1, -1)
-    sfx = torch.tensor([list(x) for x in suffixes], dtype=_U8).view(1, parts, -1)
-    rows = torch.cat(
-        [pre.expand(m, parts, -1), key_b.expand(m, parts, klen), sfx.expand(m, -1, -1)], 2
+    plen, slen = len(prefix), len(suffixes[0])
+    rows = np.empty((m, parts, plen + klen + slen), dtype=_U8)
+    rows[:, :, :plen] = np.frombuffer(prefix, dtype=_U8)
+    rows[:, :, plen : plen + klen] = np.frombuffer(blob.encode("ascii"), dtype=_U8).reshape(
+        m, 1, klen
     )
+    rows[:, :, plen + klen :] = np.frombuffer(b"".join(suffixes), dtype=_U8).reshape(parts, slen)
     return rows.reshape(m * parts, -1)
 
 
 def _name_matrix(names: List[bytes], n: int):
     """A list of n names as (bytes (n, width), mask of the bytes each has, lengths)."""
-    widths = [len(x) for x in names]
-    w = max(widths)
-    if min(widths) == w:
-        name_b = torch.frombuffer(bytearray(b"".join(names)), dtype=_U8).view(n, w)
-        name_m = torch.ones(n, w, dtype=torch.bool)
-    else:
-        blob = bytearray(b"".join(x.ljust(w, b"\0") for x in names))
-        name_b = torch.frombuffer(blob, dtype=_U8).view(n, w)
-        name_m = torch.arange(w) < torch.tensor(widths, dtype=_I64).unsqueeze(1)
-    return name_b, name_m, torch.tensor(widths, dtype=_I64)
+    widths = np.array([len(x) for x in names], dtype=_I64)
+    w = int(widths.max())
+    if int(widths.min()) == w:
+        name_b = np.frombuffer(b"".join(names), dtype=_U8).reshape(n, w)
+        return name_b, np.ones((n, w), dtype=bool), widths
+    name_b = np.frombuffer(b"".join(x.ljust(w, b"\0") for x in names), dtype=_U8).reshape(n, w)
+    return name_b, np.arange(w) < widths[:, None], widths
 
 
 def _names(names, n: int):
     """names (a list of n bytes, or an (n, width) uint8 matrix from name_rows)
     as (bytes (n, width), mask of the bytes each has, lengths)."""
-    if isinstance(names, torch.Tensor):
-        if names.dim() != 2 or names.shape[0] != n or names.shape[1] == 0:
+    if isinstance(names, (np.ndarray, torch.Tensor)):
+        names = arr(names, _U8)
+        if names.ndim != 2 or names.shape[0] != n or names.shape[1] == 0:
             raise ValueError(f"names of shape {tuple(names.shape)} for {n} items")
         w = names.shape[1]
-        return names, torch.ones(n, w, dtype=torch.bool), torch.full((n,), w, dtype=_I64)
+        return names, np.ones((n, w), dtype=bool), np.full(n, w, dtype=_I64)
     return _name_matrix(names, n)
 
 
-def _items(names, fmt_field: bytes, body_b, body_m, body_len) -> Tuple[bytes, torch.Tensor]:
+def _items(names, fmt_field: bytes, body_b, body_m, body_len) -> Tuple[bytes, np.ndarray]:
     """N items, each its head (tag and length, the key's tag, length and
     bytes, the format) then body_b[i] where body_m[i] (its ranges or its run,
     body_len[i] bytes): the request body and each item's encoded size."""
     n = body_b.shape[0]
     name_b, name_m, name_len = _names(names, n)
-    kl_n = 1 + (name_len >= 0x80).to(_I64)
+    kl_n = 1 + (name_len >= 0x80)
     item_len = 1 + kl_n + name_len + len(fmt_field) + body_len
-    hb, hm, hn = varints(torch.stack([item_len, name_len], 1))  # (n, 2, slot)
-    head_b = torch.cat([_HEAD_TAGS.expand(n, 2, 1), hb], 2).view(n, -1)
-    head_m = torch.cat([torch.ones(n, 2, 1, dtype=torch.bool), hm], 2).view(n, -1)
-    fmt_b = torch.tensor(list(fmt_field), dtype=_U8).expand(n, -1)
-    rows = torch.cat([head_b, name_b, fmt_b, body_b], 1)
-    mask = torch.cat([head_m, name_m, torch.ones(n, len(fmt_field), dtype=torch.bool), body_m], 1)
+    hb, hm, hn = varints(np.stack([item_len, name_len], 1))  # (n, 2, slot)
+    sw, f = hb.shape[2], len(fmt_field)
+    nw, bw = name_b.shape[1], body_b.shape[1]
+    rows = np.empty((n, 2 * (1 + sw) + nw + f + bw), dtype=_U8)
+    mask = np.ones(rows.shape, dtype=bool)
+    head = rows[:, : 2 * (1 + sw)].reshape(n, 2, 1 + sw)
+    head[:, :, :1] = _HEAD_TAGS
+    head[:, :, 1:] = hb
+    mask[:, : 2 * (1 + sw)].reshape(n, 2, 1 + sw)[:, :, 1:] = hm
+    at = 2 * (1 + sw)
+    rows[:, at : at + nw] = name_b
+    mask[:, at : at + nw] = name_m
+    at += nw
+    rows[:, at : at + f] = np.frombuffer(fmt_field, dtype=_U8)
+    at += f
+    rows[:, at:] = body_b
+    mask[:, at:] = body_m
     return select(rows, mask), 1 + hn[:, 0] + item_len
 
 
@@ -316,10 +344,16 @@ def _fields(values, tags, always):
     False is left out where its value is 0, as proto3 does."""
     parts_b, parts_m, total = [], [], 0
     for x, t, a in zip(values, tags, always):
+        x = arr(x, _I64)
         b, m, c = varints(x)
-        has = torch.ones_like(x, dtype=torch.bool) if a else x > 0
-        h = has.unsqueeze(-1)
-        parts_b += [torch.full(x.shape + (1,), t, dtype=_U8), b]
+        if a:
+            parts_b += [np.full(x.shape + (1,), t, dtype=_U8), b]
+            parts_m += [np.ones(x.shape + (1,), dtype=bool), m]
+            total = total + 1 + c
+            continue
+        has = x > 0
+        h = has[..., None]
+        parts_b += [np.full(x.shape + (1,), t, dtype=_U8), b]
         parts_m += [h, m & h]
         total = total + has * (1 + c)
     return parts_b, parts_m, total
@@ -329,24 +363,18 @@ def _message(tag: int, values, tags, always, keep):
     """Sub-messages (ranges, runs) of varint fields, (n, r) of them, each its
     tag and one length byte: (bytes (n, r*w), mask, each item's bytes of them)
     with keep (n, r) False for the ones an item does not have."""
+    keep = arr(keep, bool)
     n, r = keep.shape
     fb, fm, flen = _fields(values, tags, always)
     if bool((flen > 0x7F).any()):
         raise wire.Malformed("a range's or run's encoding is longer than one length byte")
-    k = keep.unsqueeze(2)
-    b = torch.cat([torch.full((n, r, 1), tag, dtype=_U8), flen.to(_U8).unsqueeze(2)] + fb, 2)
-    m = torch.cat([k, k] + [x & k for x in fm], 2)
-    return b.view(n, -1), m.view(n, -1), (keep * (2 + flen)).sum(1)
+    k = keep[:, :, None]
+    b = np.concatenate([np.full((n, r, 1), tag, dtype=_U8), flen.astype(_U8)[:, :, None]] + fb, 2)
+    m = np.concatenate([k, k] + [x & k for x in fm], 2)
+    return b.reshape(n, -1), m.reshape(n, -1), (keep * (2 + flen)).sum(1)
 
 
-def encode(
-    names,
-    fmt_field: bytes,
-    sid: torch.Tensor,
-    off: torch.Tensor,
-    length: torch.Tensor,
-    keep: torch.Tensor,
-) -> Tuple[bytes, torch.Tensor]:
+def encode(names, fmt_field: bytes, sid, off, length, keep) -> Tuple[bytes, np.ndarray]:
     """Encode N items: names[i] with ranges (sid, off, length)[i, r] where
     keep[i, r]; fmt_field is the encoded format field, the same for all.
     Returns the body (the items, each a Put/Get "items" field) and each item's
@@ -364,56 +392,40 @@ def encode(
 
 
 def encode_runs(
-    names,
-    fmt_field: bytes,
-    sid: torch.Tensor,
-    off: torch.Tensor,
-    length: torch.Tensor,
-    stride: torch.Tensor,
-    count: torch.Tensor,
-) -> Tuple[bytes, torch.Tensor]:
+    names, fmt_field: bytes, sid, off, length, stride, count
+) -> Tuple[bytes, np.ndarray]:
     """Encode N items of one run each (revision 2): names[i] with the run
     (sid, off, length, stride, count)[i], each (N,). As encode, otherwise."""
-    n = sid.shape[0]
+    cols = [arr(x, _I64).reshape(-1, 1) for x in (sid, off, length, stride, count)]
     b, m, ln = _message(
         _TAG_RUN,
-        tuple(x.reshape(n, 1).contiguous() for x in (sid, off, length, stride, count)),
+        cols,
         (_TAG_SEGMENT, _TAG_OFFSET, _TAG_LENGTH, _TAG_STRIDE, _TAG_COUNT),
         (False, False, True, False, True),
-        torch.ones(n, 1, dtype=torch.bool),
+        np.ones((cols[0].shape[0], 1), dtype=bool),
     )
     return _items(names, fmt_field, b, m, ln)
 
 
-def as_runs(sid: torch.Tensor, off: torch.Tensor, length: torch.Tensor, keep: torch.Tensor):
+def as_runs(sid, off, length, keep):
     """Which items (rows of (n, r) ranges) are one run: at least two ranges,
     every one kept, of one segment and one length, equally spaced upward by at
     least the length. Returns (regular (n,), stride (n,))."""
+    sid, off, length, keep = arr(sid), arr(off), arr(length), arr(keep, bool)
     n, r = sid.shape
     if r < 2 or r > wire.MAX_RUN_COUNT:
-        return torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=_I64)
+        return np.zeros(n, dtype=bool), np.zeros(n, dtype=_I64)
     d = off[:, 1:] - off[:, :-1]
     stride = d[:, 0]
     ok = keep.all(1) & (sid == sid[:, :1]).all(1) & (length == length[:, :1]).all(1)
-    ok &= (d == stride.unsqueeze(1)).all(1) & (stride >= length[:, 0])
+    ok &= (d == stride[:, None]).all(1) & (stride >= length[:, 0])
     return ok, stride
 
 
-def select(rows: torch.Tensor, mask: torch.Tensor) -> bytes:
-    """The bytes of rows where mask is set, row by row, as bytes.
-
-    numpy's boolean indexing is 3-4x torch 1.13's masked_select here (4 ms of
-    an MLA batch's 5 ms of encoding was masked_select: 512 one-token pages of 61
-    ranges are 0.5M candidate bytes), and tobytes is the one copy into the
-    body. torch wheels may come without numpy: masked_select then."""
-    try:
-        return rows.numpy()[mask.numpy()].tobytes()
-    except (ImportError, RuntimeError, TypeError):
-        flat = torch.masked_select(rows, mask)
-        out = bytearray(flat.numel())
-        if out:
-            torch.frombuffer(out, dtype=_U8).copy_(flat)
-        return bytes(out)
+def select(rows: np.ndarray, mask: np.ndarray) -> bytes:
+    """The bytes of rows where mask is set, row by row, as bytes: numpy's
+    boolean indexing, and tobytes is the one copy into the body."""
+    return rows[mask].tobytes()
 
 
 def split(
@@ -441,46 +453,69 @@ def split(
 
 
 def encode_pages(
-    names,
-    pages: List[int],
-    fmt_field: bytes,
-    seg_ids: torch.Tensor,
-    seg: torch.Tensor,
-    off: torch.Tensor,
-    length: torch.Tensor,
-    keep: torch.Tensor,
-    runs: bool = False,
+    names, pages: List[int], fmt_field: bytes, seg_ids, seg, off, length, keep, runs: bool = False
 ) -> Optional[Encoded]:
     """The items of the planned pages (see plan_pages, rows already selected,
     pages[i] the page of row i): one item per page and part, names[i] naming
     item i. With runs (a connection of revision 2 or later), an item whose
     ranges are one run (as_runs: a layer_first part, one range per layer) is
     one Run instead; the others keep their ranges, and come after them."""
+    seg, seg_ids = arr(seg), arr(seg_ids, _I64)
     m, parts, nr = seg.shape
     if m == 0:
         return None
     n = m * parts
     sid = seg_ids[seg].reshape(n, nr)
-    off, lens, keep = off.reshape(n, nr), length.reshape(n, nr), keep.reshape(n, nr)
+    off, lens = arr(off, _I64).reshape(n, nr), arr(length, _I64).reshape(n, nr)
+    keep = arr(keep, bool).reshape(n, nr)
     totals = lens.sum(1)
-    page_of = torch.tensor(pages, dtype=_I64).repeat_interleave(parts)
+    page_of = np.repeat(np.asarray(pages, dtype=_I64), parts)
     ok, stride = as_runs(sid, off, lens, keep) if runs else (None, None)
     if ok is None or not bool(ok.any()):
+        if nr == 1 and _alike(names, sid, lens) and bool(keep.all()):
+            tail = bytes([_TAG_LENGTH]) + wire.varint(int(lens[0, 0]))
+            got = uniform.encode(arr(names), fmt_field, _TAG_RANGE, int(sid[0, 0]), off[:, 0], tail)
+            if got is not None:
+                body, sizes, order = got
+                return Encoded(
+                    body, sizes.tolist(), page_of[order].tolist(), totals[order].tolist()
+                )
         body, sizes = encode(names, fmt_field, sid, off, lens, keep)
         return Encoded(body, sizes.tolist(), page_of.tolist(), totals.tolist())
-    run = (sid[:, 0], off[:, 0], lens[:, 0], stride, torch.full_like(stride, nr))
+    run = (sid[:, 0], off[:, 0], lens[:, 0], stride, np.full_like(stride, nr))
     if bool(ok.all()):
+        if _alike(names, sid[:, 0], lens[:, 0], stride):
+            tail = bytes([_TAG_LENGTH]) + wire.varint(int(lens[0, 0]))
+            tail += (
+                uniform._field(_TAG_STRIDE, int(stride[0])) + bytes([_TAG_COUNT]) + wire.varint(nr)
+            )
+            got = uniform.encode(arr(names), fmt_field, _TAG_RUN, int(sid[0, 0]), off[:, 0], tail)
+            if got is not None:
+                body, sizes, order = got
+                return Encoded(
+                    body, sizes.tolist(), page_of[order].tolist(), totals[order].tolist(), n
+                )
         body, sizes = encode_runs(names, fmt_field, *run)
         return Encoded(body, sizes.tolist(), page_of.tolist(), totals.tolist(), n)
     # Some of each: the runs' items first, then the others', each in order.
-    a, z = ok.nonzero().flatten(), (~ok).nonzero().flatten()
+    a, z = np.flatnonzero(ok), np.flatnonzero(~ok)
     b1, s1 = encode_runs(_take(names, a), fmt_field, *(x[a] for x in run))
     b2, s2 = encode(_take(names, z), fmt_field, sid[z], off[z], lens[z], keep[z])
-    order = torch.cat([a, z])
+    order = np.concatenate([a, z])
     sizes = s1.tolist() + s2.tolist()
     return Encoded(b1 + b2, sizes, page_of[order].tolist(), totals[order].tolist(), len(a))
 
 
-def _take(names, idx: torch.Tensor):
+def _alike(names, *cols) -> bool:
+    """Whether names is a matrix of one width (name_rows) and each of cols one
+    value throughout: the items are filled templates (uniform.py)."""
+    if not isinstance(names, (np.ndarray, torch.Tensor)):
+        return False
+    return all(bool((c == c.reshape(-1)[0]).all()) for c in cols)
+
+
+def _take(names, idx: np.ndarray):
     """The names of the items idx (a list's, or a name_rows matrix's rows)."""
-    return names[idx] if isinstance(names, torch.Tensor) else [names[i] for i in idx.tolist()]
+    if isinstance(names, (np.ndarray, torch.Tensor)):
+        return arr(names)[idx]
+    return [names[i] for i in idx.tolist()]

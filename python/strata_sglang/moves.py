@@ -19,6 +19,7 @@ import bisect
 import ctypes
 from typing import List
 
+import numpy as np
 import torch
 
 from strata_client import wire
@@ -86,11 +87,10 @@ class Transfers:
         # for some of them (a token past the end gives page 0's V), which would
         # read into, or store from, another page.
         ps, tokens = pool.page_size, pool.tokens
-        flat = host_indices.reshape(-1)
-        lo, top = torch.aminmax(flat)  # 7 us for 128 pages of 64; the mask below is 50
+        flat = batch.arr(host_indices).reshape(-1)
         chosen = None  # the pages (into keys) planned, when not all of them
-        if int(lo) < 0 or int(top) >= tokens or int(flat[::ps].max()) + ps > tokens:
-            idx = flat.view(n, ps)
+        if int(flat.min()) < 0 or int(flat.max()) >= tokens or int(flat[::ps].max()) + ps > tokens:
+            idx = flat.reshape(n, ps)
             inside = ((idx >= 0) & (idx < tokens)).all(1) & (idx[:, 0] + ps <= tokens)
             self._warn_once(
                 "outside:" + pool.name,
@@ -98,11 +98,11 @@ class Transfers:
                 pool.name,
                 tokens,
             )
-            chosen = inside.nonzero().flatten()
-            if chosen.numel() == 0:
+            chosen = np.flatnonzero(inside)
+            if chosen.size == 0:
                 return None
-            host_indices = idx[chosen].reshape(-1)
-        m = n if chosen is None else int(chosen.numel())
+            host_indices = host_indices.reshape(n, ps)[torch.from_numpy(chosen)].reshape(-1)
+        m = n if chosen is None else int(chosen.size)
         got = pool.pointers(host_indices, m)
         if got is None:
             return None
@@ -121,11 +121,11 @@ class Transfers:
             )
         planned = keys if chosen is None else [keys[p] for p in chosen.tolist()]
         if names.keys_ok(planned) < m:  # a bad key: that page is skipped, not the batch
-            good = good & torch.tensor([names.key_ok(k) for k in planned], dtype=torch.bool)
+            good = good & np.array([names.key_ok(k) for k in planned], dtype=bool)
         if bool(good.all()):
             pages = list(range(n)) if chosen is None else chosen.tolist()
         else:
-            rows = good.nonzero().flatten()
+            rows = np.flatnonzero(good)
             pages = (rows if chosen is None else chosen[rows]).tolist()
             seg, off, length, keep = seg[rows], off[rows], length[rows], keep[rows]
         if not pages:
@@ -178,9 +178,7 @@ class Transfers:
         run_items = 0
         owners = []  # (first item, job, the page of each of its items)
         for j, pool, pages, item_names, seg, off, length, keep in plans:
-            seg_ids = torch.tensor(
-                [ids[seg_index[id(x)]] for x in pool.segments()], dtype=torch.int64
-            )
+            seg_ids = np.array([ids[seg_index[id(x)]] for x in pool.segments()], dtype=np.int64)
             enc = batch.encode_pages(
                 item_names, pages, pool.fmt_field, seg_ids, seg, off, length, keep, runs
             )
@@ -266,14 +264,14 @@ class Transfers:
                 _gather(base + o, srcs, ls)
         conn, (sid,) = self.client.resolve([stage.seg])
         k = len(at)
-        t = lambda v: torch.tensor(v, dtype=torch.int64).view(k, 1)  # noqa: E731
+        t = lambda v: np.array(v, dtype=np.int64).reshape(k, 1)  # noqa: E731
         body, _ = batch.encode(
             item_names,
             pool.fmt_field,
             t([sid] * k),
             t(at),
             t(totals),
-            torch.ones(k, 1, dtype=torch.bool),
+            np.ones((k, 1), dtype=bool),
         )
         r = conn.call(wire.Put() if op == wire.PUT else wire.Get(), self.timeout, body=body)
         if len(r.results) != k:

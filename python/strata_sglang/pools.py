@@ -19,6 +19,7 @@ import ctypes
 import struct
 from typing import List, Optional, Tuple
 
+import numpy as np
 import torch
 
 from . import batch, names
@@ -79,7 +80,7 @@ class Pool:
         self.copy = False  # pages move through the staging buffer
         self.segs = []  # zero copy: (base address, size, Segment), sorted by base
         self.extents = []  # copy: (base address, size) of the pool's own buffers
-        self.bases = self.ends = None  # int64 tensors of the above's [base, end)
+        self.bases = self.ends = None  # int64 arrays of the above's [base, end)
         self.model = None  # batch.PageModel, made at the first batch
         self.page_size = int(getattr(host, "page_size", 0) or 0)
         self.tokens = int(getattr(host, "size", 0) or 0)  # slots: host indices are below it
@@ -169,8 +170,8 @@ class Pool:
                 f"(allocator {type(alloc).__name__}): its pages move through the plugin's staging buffer, one "
                 "more copy each way. " + INLINE_FIX % owner.socket
             )
-        self.bases = torch.tensor([b for b, _ in extents], dtype=torch.int64)
-        self.ends = torch.tensor([b + n for b, n in extents], dtype=torch.int64)
+        self.bases = np.array([b for b, _ in extents], dtype=np.int64)
+        self.ends = np.array([b + n for b, n in extents], dtype=np.int64)
 
     def pointers(self, host_indices: torch.Tensor, n: int):
         """(ptrs, sizes), each (n pages, elements), as get_page_buffer_meta says."""

@@ -8,7 +8,7 @@ import torch
 
 import harness
 from strata_client import wire
-from strata_sglang import batch
+from strata_sglang import batch, uniform
 
 
 def _generic(names, fmt, sid, off, length, keep):
@@ -302,3 +302,55 @@ def test_encode_pages_names_the_same_ranges_by_runs(irregular):
     one = batch.encode_pages(names, pages, fmt_field, seg_ids, *first, True)
     assert one.runs == 0
     assert one.body == batch.encode_pages(names, pages, fmt_field, seg_ids, *first).body
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("as_run", [False, True])
+def test_uniform_items_are_the_generic_encoders_in_their_order(seed, as_run, monkeypatch):
+    """Items alike but for name and offset (filled templates, uniform.py)
+    are, in the order encode_pages returns, the generic encoder's items; each
+    keeps its page and length, and offsets of every varint width (0 left out)
+    mix in one batch."""
+    rnd = random.Random(seed)
+    m, parts = rnd.randint(1, 60), rnd.choice([1, 2])
+    nr = 61 if as_run else 1
+    widths = [0, 1, 127, 128, 16383, 16384, (1 << 21) + 5, (1 << 28) + 1, (1 << 35) + 3]
+    first = [[rnd.choice(widths) for _ in range(parts)] for _ in range(m)]
+    stride = 0 if not as_run else rnd.choice([1152, 1 << 20])
+    off = torch.tensor(first, dtype=torch.int64).unsqueeze(2) + stride * torch.arange(nr)
+    length = torch.full((m, parts, nr), rnd.choice([1, 200, 65536]), dtype=torch.int64)
+    seg = torch.zeros(m, parts, nr, dtype=torch.int64)
+    keep = torch.ones(m, parts, nr, dtype=torch.bool)
+    sid = rnd.choice([0, 1, 300, (1 << 32) - 1])
+    klen = [8, 64, 130][seed % 3]  # names past 127 bytes: a two-byte length
+    keys = ["%0*x" % (klen, i * 7919) for i in range(m)]
+    suffixes = [b"_k", b"_v"][:parts]
+    rows = batch.name_rows(b"model/", keys, suffixes)
+    pages = sorted(rnd.sample(range(4 * m), m))
+    fmt_field = b"\x11" + rnd.getrandbits(64).to_bytes(8, "little")
+    seg_ids = torch.tensor([sid])
+    filled = []
+    fill = uniform.encode
+    monkeypatch.setattr(uniform, "encode", lambda *a: filled.append(1) or fill(*a))
+    got = batch.encode_pages(rows, pages, fmt_field, seg_ids, seg, off, length, keep, as_run)
+    one_run = as_run and stride >= length[0, 0, 0]
+    assert got.runs == (m * parts if one_run else 0)
+    assert filled == ([1] if one_run or not as_run else [])  # 61 ranges: the general path
+    items = wire.decode(wire.PUT, got.body).items
+    names = [bytes(r.tolist()).decode() for r in rows]
+    want = {}
+    for i, name in enumerate(names):
+        p, q = divmod(i, parts)
+        ranges = [(sid, int(off[p, q, r]), int(length[p, q, r])) for r in range(nr)]
+        want[name] = (ranges, pages[p], nr * int(length[0, 0, 0]))
+    assert len(items) == len(got.pages) == len(got.lengths) == m * parts
+    for x, pg, ln in zip(items, got.pages, got.lengths):
+        assert (_expanded(x), pg, ln) == want.pop(x.key)
+    assert not want and sum(got.sizes) == len(got.body)
+    # Byte for byte the generic encoder's items, taken in the returned order.
+    order = [names.index(x.key) for x in items]
+    general = b"".join(
+        b"\x0a" + wire.varint(len(b)) + b
+        for b in (wire.encode_item(wire.Item(x.key, x.format, x.ranges, x.runs)) for x in items)
+    )
+    assert got.body == general and len(set(order)) == len(order)
