@@ -170,27 +170,37 @@ class PageModel:
         )
         return [int(p) for p in ptrs], [int(s) for s in sizes]
 
-    def pointers(self, host_indices, n: int):
-        """(ptrs, sizes), each (n, per), of the n pages of host_indices (a torch
+    def page_numbers(self, host_indices, n: int) -> Optional[np.ndarray]:
+        """The page numbers (n,) of the n pages of host_indices (a torch
         tensor, as SGLang gives them); None when the model does not apply (not
         whole pages, or SGLang disagrees)."""
         if not self.ok:
             return None
-        a, b, sizes = arr(self.a, _I64), arr(self.b, _I64), arr(self.sizes, _I64)
         first = arr(host_indices).reshape(n, self.ps)[:, 0].astype(_I64)
         page = first // self.ps
         if bool((first % self.ps).any()) or bool(((page < 0) | (page >= self.pages)).any()):
             return None
-        ptrs = a + page[:, None] * b
         # One page of SGLang's own answer per batch: a pool whose memory moved,
         # or a layout whose pointers this model gets wrong, is never trusted.
+        a, b, sizes = arr(self.a, _I64), arr(self.b, _I64), arr(self.sizes, _I64)
         want, want_sizes = self.host.get_page_buffer_meta(host_indices[: self.ps])
-        if [int(p) for p in want] != ptrs[0].tolist() or [
+        if [int(p) for p in want] != (a + int(page[0]) * b).tolist() or [
             int(s) for s in want_sizes
         ] != sizes.tolist():
             self.ok = False
             return None
-        return ptrs, np.broadcast_to(sizes, (n, sizes.shape[0]))
+        return page
+
+    def pointers(self, host_indices, n: int):
+        """(ptrs, sizes), each (n, per), of the n pages of host_indices; None when
+        the model does not apply (see page_numbers)."""
+        page = self.page_numbers(host_indices, n)
+        return None if page is None else self.at(page)
+
+    def at(self, page: np.ndarray):
+        """(ptrs, sizes), each (n, per), of the pages numbered page."""
+        a, b, sizes = arr(self.a, _I64), arr(self.b, _I64), arr(self.sizes, _I64)
+        return a + page[:, None] * b, np.broadcast_to(sizes, (page.shape[0], sizes.shape[0]))
 
 
 def meta_pointers(host, host_indices, n: int):

@@ -2,7 +2,7 @@
 
 A batch's pages are planned the same way for every pool (where each page's
 ranges are, which fall outside the pool's memory, which keys are bad): see
-``batch.plan_pages``. Pages of pools in registered memfds go in as few Put or
+plan.py. Pages of pools in registered memfds go in as few Put or
 Get requests as the protocol's limits allow, each item naming its ranges in
 SGLang's memory (or, on a connection of revision 2, one strided run for an
 item whose ranges are equally spaced: a layer_first part), and the service
@@ -26,6 +26,7 @@ from strata_client import wire
 from strata_client.client import NotRegistered, SegmentRefused
 
 from . import batch, names
+from .plan import encode as encode_planned
 
 _ALIGN = 64
 
@@ -69,8 +70,8 @@ class Transfers:
         return True
 
     def _plan(self, op: int, j: int, pool, keys: List[str], host_indices):
-        """The pages of one job that can move, planned (see batch.plan_pages),
-        or None when none can."""
+        """The pages of one job that can move, planned (plan.py), or None
+        when none can."""
         n = len(keys)
         if host_indices is None or int(host_indices.numel()) != n * pool.page_size:
             self._warn_once(
@@ -103,13 +104,10 @@ class Transfers:
                 return None
             host_indices = host_indices.reshape(n, ps)[torch.from_numpy(chosen)].reshape(-1)
         m = n if chosen is None else int(chosen.size)
-        got = pool.pointers(host_indices, m)
-        if got is None:
-            return None
-        plan = batch.plan_pages(got[0], got[1], pool.parts, pool.bases, pool.ends)
+        plan = pool.plan(host_indices, m)
         if plan is None:
             return None
-        seg, off, length, keep, good = plan
+        good = plan.good
         if not bool(good.all()):
             self._warn_once(
                 "ranges:" + pool.name,
@@ -127,10 +125,10 @@ class Transfers:
         else:
             rows = np.flatnonzero(good)
             pages = (rows if chosen is None else chosen[rows]).tolist()
-            seg, off, length, keep = seg[rows], off[rows], length[rows], keep[rows]
+            plan = plan.rows(rows)
         if not pages:
             return None
-        return j, pool, pages, pool.item_names(keys, pages), seg, off, length, keep
+        return j, pool, pages, pool.item_names(keys, pages), plan
 
     def _transfer(self, op: int, jobs) -> List[List[bool]]:
         """Put or get pages of several pools.
@@ -177,11 +175,9 @@ class Transfers:
         bodies, sizes, lengths = [], [], []
         run_items = 0
         owners = []  # (first item, job, the page of each of its items)
-        for j, pool, pages, item_names, seg, off, length, keep in plans:
+        for j, pool, pages, item_names, pl in plans:
             seg_ids = np.array([ids[seg_index[id(x)]] for x in pool.segments()], dtype=np.int64)
-            enc = batch.encode_pages(
-                item_names, pages, pool.fmt_field, seg_ids, seg, off, length, keep, runs
-            )
+            enc = encode_planned(item_names, pages, pool.fmt_field, seg_ids, pl, runs)
             bodies.append(enc.body)
             run_items += enc.runs
             owners.append((len(sizes), j, enc.pages))
@@ -223,7 +219,8 @@ class Transfers:
         """Pages of pools the service cannot map, through the staging buffer
         (the caller holds _stage_lock): one object a contiguous range there."""
         moved = 0
-        for j, pool, pages, item_names, seg, off, length, keep in plans:
+        for j, pool, pages, item_names, pl in plans:
+            seg, off, length, keep = pl.full()
             m, parts, runs = seg.shape
             n = m * parts
             addr = (pool.bases[seg] + off).reshape(n, runs).tolist()

@@ -22,7 +22,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
-from . import batch, names
+from . import batch, names, plan
 
 MHA_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 MLA_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
@@ -82,6 +82,7 @@ class Pool:
         self.extents = []  # copy: (base address, size) of the pool's own buffers
         self.bases = self.ends = None  # int64 arrays of the above's [base, end)
         self.model = None  # batch.PageModel, made at the first batch
+        self.template = None  # plan.Template of the model, when it fits
         self.page_size = int(getattr(host, "page_size", 0) or 0)
         self.tokens = int(getattr(host, "size", 0) or 0)  # slots: host indices are below it
         self.layout = getattr(host, "layout", None)
@@ -173,14 +174,22 @@ class Pool:
         self.bases = np.array([b for b, _ in extents], dtype=np.int64)
         self.ends = np.array([b + n for b, n in extents], dtype=np.int64)
 
-    def pointers(self, host_indices: torch.Tensor, n: int):
-        """(ptrs, sizes), each (n pages, elements), as get_page_buffer_meta says."""
+    def plan(self, host_indices: torch.Tensor, n: int):
+        """The n pages of host_indices planned (plan.Affine or plan.Full), or
+        None when get_page_buffer_meta's answer does not split into n pages."""
         if self.model is None:  # two threads may both make one: the same one
             self.model = batch.PageModel(self.host, self.page_size)
-        got = self.model.pointers(host_indices, n)
+            self.template = plan.Template.make(self.model, self.parts, self.bases, self.ends)
+        page = self.model.page_numbers(host_indices, n)
+        if page is not None and self.template is not None:
+            return plan.Affine(self.template, page)
+        got = self.model.at(page) if page is not None else None
         if got is None:
             got = batch.meta_pointers(self.host, host_indices, n)
-        return got
+        if got is None:
+            return None
+        p = batch.plan_pages(got[0], got[1], self.parts, self.bases, self.ends)
+        return None if p is None else plan.Full(*p)
 
     def item_names(self, keys: List[str], pages: List[int]):
         """The object names of the parts of keys[p] for p in pages, in order:
