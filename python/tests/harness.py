@@ -36,6 +36,17 @@ import torch  # noqa: E402 - after the side: the real side's stubs shim torch fi
 
 PAGE = 4
 
+# Every host pool layout of SGLang's the plugin stores, (kind, layout).
+LAYOUTS = [
+    ("mha", "layer_first"),
+    ("mha", "page_first"),
+    ("mha", "page_first_direct"),
+    ("mha", "page_head"),
+    ("mla", "layer_first"),
+    ("mla", "page_first"),
+    ("mla", "page_first_direct"),
+]
+
 NAME = side.NAME
 if not PROBLEM:
     DESCRIPTION = side.DESCRIPTION

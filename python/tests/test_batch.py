@@ -120,18 +120,7 @@ def test_plan_places_runs_and_merges_adjacent_ones():
     assert batch.plan_pages(ptrs[:, :5], sizes[:, :5], 2, bases, ends) is None
 
 
-@pytest.mark.parametrize(
-    "kind,layout",
-    [
-        ("mha", "layer_first"),
-        ("mha", "page_first"),
-        ("mha", "page_first_direct"),
-        ("mha", "page_head"),
-        ("mla", "layer_first"),
-        ("mla", "page_first"),
-        ("mla", "page_first_direct"),
-    ],
-)
+@pytest.mark.parametrize("kind,layout", harness.LAYOUTS)
 def test_page_model_agrees_with_sglang(sglang, kind, layout):
     pool = harness.host_pool(kind, layout)
     model = batch.PageModel(pool, pool.page_size)

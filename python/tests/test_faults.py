@@ -24,15 +24,7 @@ from fakepeer import wait_for
 SLACK = 1.5
 
 
-LAYOUTS = [
-    ("mha", "layer_first"),
-    ("mha", "page_first"),
-    ("mha", "page_first_direct"),
-    ("mha", "page_head"),
-    ("mla", "layer_first"),
-    ("mla", "page_first"),
-    ("mla", "page_first_direct"),
-]
+LAYOUTS = harness.LAYOUTS
 
 
 def warnings_of(caplog):

@@ -11,15 +11,7 @@ import harness
 from strata_client import wire
 from strata_sglang import batch, plan
 
-LAYOUTS = [
-    ("mha", "layer_first"),
-    ("mha", "page_first"),
-    ("mha", "page_first_direct"),
-    ("mha", "page_head"),
-    ("mla", "layer_first"),
-    ("mla", "page_first"),
-    ("mla", "page_first_direct"),
-]
+LAYOUTS = harness.LAYOUTS
 
 
 def _everything():

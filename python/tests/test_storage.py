@@ -8,15 +8,7 @@ import pytest
 
 import harness
 
-LAYOUTS = [
-    ("mha", "layer_first"),
-    ("mha", "page_first"),
-    ("mha", "page_first_direct"),
-    ("mha", "page_head"),
-    ("mla", "layer_first"),
-    ("mla", "page_first"),
-    ("mla", "page_first_direct"),
-]
+LAYOUTS = harness.LAYOUTS
 
 
 def test_factory_loads_the_plugin_from_inline_json(sglang, serve, backends):
