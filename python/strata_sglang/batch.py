@@ -35,9 +35,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
-from strata_client import wire
-
-from . import uniform
+from strata_client import uniform, wire
 
 # The arithmetic is numpy's: a numpy operation on a few thousand elements costs
 # about 1 us of dispatch where torch 1.13's costs 5-10 (a batch takes some

@@ -22,9 +22,9 @@ from typing import Optional
 
 import numpy as np
 
-from strata_client import wire
+from strata_client import uniform, wire
 
-from . import batch, uniform
+from . import batch
 
 _I64 = np.int64
 

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from strata_client import wire
+from strata_client import uniform, wire
 from strata_client.client import Client, StrataError
 
 from . import interface
@@ -108,6 +108,7 @@ class StrataTier(SecondaryTierManager):
         self._flat = primary_kv_view.cast("B") if primary_kv_view.ndim > 1 else primary_kv_view
         self._rows = np.frombuffer(self._flat, dtype=np.uint8).reshape(self._nrows, self._stride)
         self.namespace = K.namespace(offloading_spec, self._stride)
+        self._fmt_field = b"\x11" + K.ROW_FORMAT.to_bytes(8, "little")  # Item.format
         events = getattr(offloading_spec, "kv_events_config", None)
         self._events_on = bool(getattr(events, "enable_kv_cache_events", False))
         engine = getattr(getattr(offloading_spec, "config", None), "engine_id", "engine")
@@ -347,16 +348,9 @@ class StrataTier(SecondaryTierManager):
         reply, or None when the call failed (the client warned)."""
         try:
             conn, (sid,) = self.client.resolve([self._seg])
-            items = [
-                wire.Item(
-                    K.key_name(self.namespace, k),
-                    K.ROW_FORMAT,
-                    [wire.Range(sid, b * self._stride, self._stride)],
-                )
-                for k, b in rows
-            ]
-            msg = wire.Put(items) if op == wire.PUT else wire.Get(items)
-            r = conn.call(msg, self.timeout)
+            body, order = self._encode(rows, sid)
+            msg = wire.Put() if op == wire.PUT else wire.Get()
+            r = conn.call(msg, self.timeout, body=body)
         except (StrataError, wire.Malformed, OSError):
             return None
         if len(r.results) != len(rows):
@@ -366,7 +360,34 @@ class StrataTier(SecondaryTierManager):
                 len(rows),
             )
             return None
-        return r
+        if order is None or r.results.count(wire.RESULT_OK) == len(rows):
+            return r  # in the rows' order, or all alike
+        results = [None] * len(rows)
+        for res, j in zip(r.results, order.tolist()):
+            results[j] = res
+        return wire.BatchReply(results)
+
+    def _encode(self, rows, sid):
+        """The body of a Put or Get of rows, and the order of its items (None:
+        the rows' own). Rows whose names are of one length, as vLLM's block
+        hashes are, are filled templates (strata_client.uniform) instead of
+        an item encoded by one Python call each."""
+        names = [K.key_name(self.namespace, k).encode() for k, _ in rows]
+        tail = bytes([0x18]) + wire.varint(self._stride)  # Range.length
+        if len(set(map(len, names))) == 1 and len(names[0]) > 0:
+            mat = np.frombuffer(b"".join(names), dtype=np.uint8).reshape(len(names), -1)
+            off = np.fromiter((b for _, b in rows), dtype=np.int64, count=len(rows)) * self._stride
+            got = uniform.encode(mat, self._fmt_field, 0x1A, sid, off, tail)
+            if got is not None:
+                return got[0], got[2]
+        items = [
+            wire.Item(n.decode(), K.ROW_FORMAT, [wire.Range(sid, b * self._stride, self._stride)])
+            for n, (_, b) in zip(names, rows)
+        ]
+        return (
+            b"".join(b"\x0a" + wire.varint(len(x)) + x for x in map(wire.encode_item, items)),
+            None,
+        )
 
     def _run_staged(self, pairs, op) -> List[bytes]:
         """The copy path: rows through the staging buffer, a buffer-full at a

@@ -8,7 +8,8 @@ import torch
 
 import harness
 from strata_client import wire
-from strata_sglang import batch, uniform
+from strata_client import uniform
+from strata_sglang import batch
 
 
 def _generic(names, fmt, sid, off, length, keep):

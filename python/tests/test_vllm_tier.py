@@ -16,6 +16,7 @@ import tempfile
 import time
 import uuid
 
+import numpy as np
 import pytest
 
 import vllm_side  # picks the side before anything imports vLLM's interface
@@ -439,3 +440,44 @@ def test_a_vllm_and_an_sglang_engine_never_see_each_others_pages(serve, engines,
     finish(e)
     assert b.batch_exists(others) == 0, "SGLang found pages vLLM stored"
     assert b.batch_exists(hexes) == 4, "SGLang lost its own pages"
+
+
+def test_rows_are_filled_templates_and_results_come_back_in_row_order(serve, engines):
+    """A Put or Get of rows is the generic encoder's items (row offsets of
+    every varint width, row 0's left out) in the order strata_client.uniform
+    chose, and each result reaches its own row however the items were ordered."""
+    from strata_client import wire
+
+    e = engines(serve.socket, rows=300)
+    t = e.tier
+    blocks = [299, 0, 5, 40, 1, 200, 33, 2]
+    ks = [bytes(k) for k in keys(len(blocks), "template")]
+    rows = list(zip(ks, blocks))
+    conn, (sid,) = t.client.resolve([t._seg])
+    body, order = t._encode(rows, sid)
+    assert order is not None and sorted(order.tolist()) == list(range(len(rows)))
+    assert order.tolist() != list(range(len(rows))), "the widths did not reorder the items"
+    items = wire.decode(wire.PUT, body).items
+    want = [
+        wire.Item(
+            t.namespace + rows[j][0].hex(), 0x4D4C4C76, [wire.Range(sid, rows[j][1] * ROW, ROW)]
+        )
+        for j in order.tolist()
+    ]
+    assert items == want
+    assert body == b"".join(b"\x0a" + wire.varint(len(x)) + x for x in map(wire.encode_item, want))
+    # Every other row stored; a Get of all answers each row for itself.
+    for k, b in rows:
+        e.region.array[b] = np.frombuffer(block(k), dtype=np.uint8)
+    stored = rows[::2]
+    r = t._call(wire.PUT, stored)
+    assert r is not None and [x.status for x in r.results] == [wire.OK] * len(stored)
+    for _, b in rows:
+        e.region.array[b] = 0
+    r = t._call(wire.GET, rows)
+    assert [x.status for x in r.results] == [
+        wire.OK if i % 2 == 0 else wire.NOT_FOUND for i in range(len(rows))
+    ]
+    for i, (k, b) in enumerate(rows):
+        got = e.region.array[b].tobytes()
+        assert got == (block(k) if i % 2 == 0 else bytes(ROW)), f"row {b} holds other bytes"

@@ -1,20 +1,22 @@
 """Items that differ only in their name and offset, encoded as filled templates.
 
-The pages of one pool in one batch are alike: for MHA ``page_first`` every
-item is one range of one segment and one length, for MLA ``layer_first`` one
-run of one segment, length, stride and count. Only the name (a matrix row,
+The pages of one pool in one batch are alike: for SGLang's MHA ``page_first``
+every item is one range of one segment and one length, for MLA
+``layer_first`` one run of one segment, length, stride and count, for vLLM's
+CPU tier one row. Only the name (a matrix row: strata_sglang's
 ``batch.name_rows``) and the offset differ, and an offset's varint has one of a
 few widths. So the items are cut into groups by that width, and each group is
 one template row (the bytes of its first item) repeated, with the names' and
 the offsets' columns written over it: no per-field masks and no boolean
-selection, the general encoder's (``batch.encode``) largest costs. The bytes are
+selection, the general encoder's (strata_sglang's ``batch.encode``, or
+``wire.encode_item`` an item) largest costs. The bytes are
 what the general encoder writes, item for item; only their order differs (by
 width group, in order within each), which is why ``encode`` returns it.
 
 Reordering is safe because a request's items are independent: each has its own
 result, and the callers map results to pages through that order. Two items of
-one name in one batch (never made by SGLang, whose keys are content hashes) may
-land in the other order; either is the same content.
+one name in one batch (never made by SGLang or vLLM, whose keys are content hashes)
+may land in the other order; either is the same content.
 """
 
 from __future__ import annotations
