@@ -30,13 +30,39 @@ from strata_client.wire_encode import varint
 _U8 = np.uint8
 _I64 = np.int64
 _STEPS = np.array([1 << (7 * i) for i in range(1, 10)], dtype=np.uint64)
-_TAG_ITEM = _TAG_KEY = 0x0A
-_TAG_SEGMENT, _TAG_OFFSET = 0x08, 0x10
+# Protobuf tags of an item's fields: Put/Get.items and Item.key (1, bytes),
+# Item.format (2, fixed64, written by the callers), Item.ranges (3) and, from
+# revision 2, Item.runs (4, bytes); a Range's or Run's segment (1), offset (2)
+# and length (3), a Run's stride (4) and count (5), all varints.
+TAG_ITEM = TAG_KEY = 0x0A
+TAG_RANGE, TAG_RUN = 0x1A, 0x22
+TAG_SEGMENT, TAG_OFFSET, TAG_LENGTH, TAG_STRIDE, TAG_COUNT = 0x08, 0x10, 0x18, 0x20, 0x28
 
 
 def _field(tag: int, v: int) -> bytes:
     """A varint field, left out when 0 (proto3)."""
     return bytes([tag]) + varint(v) if v else b""
+
+
+def ranges(names: np.ndarray, fmt_field: bytes, seg: int, off: np.ndarray, length: int):
+    """N items of one Range each, (seg, off[i], length): see encode."""
+    tail = bytes([TAG_LENGTH]) + varint(length)  # a range's length is never 0
+    return encode(names, fmt_field, TAG_RANGE, seg, off, tail)
+
+
+def runs(
+    names: np.ndarray,
+    fmt_field: bytes,
+    seg: int,
+    off: np.ndarray,
+    length: int,
+    stride: int,
+    count: int,
+):
+    """N items of one Run each, (seg, off[i], length, stride, count): see encode."""
+    tail = bytes([TAG_LENGTH]) + varint(length) + _field(TAG_STRIDE, stride)
+    tail += bytes([TAG_COUNT]) + varint(count)
+    return encode(names, fmt_field, TAG_RUN, seg, off, tail)
 
 
 def encode(
@@ -58,8 +84,8 @@ def encode(
     widths = width[order]
     cuts = np.flatnonzero(np.diff(widths)) + 1
     bounds = [0] + cuts.tolist() + [n]
-    seg_f = _field(_TAG_SEGMENT, seg)
-    name_head = bytes([_TAG_KEY]) + varint(nw)
+    seg_f = _field(TAG_SEGMENT, seg)
+    name_head = bytes([TAG_KEY]) + varint(nw)
     parts, sizes = [], np.empty(n, dtype=_I64)
     for a, z in zip(bounds[:-1], bounds[1:]):
         w = int(widths[a])
@@ -67,10 +93,10 @@ def encode(
         if sub_len > 0x7F:
             return None
         item_len = len(name_head) + nw + len(fmt_field) + 2 + sub_len
-        head = bytes([_TAG_ITEM]) + varint(item_len) + name_head
+        head = bytes([TAG_ITEM]) + varint(item_len) + name_head
         # The template: the name and the offset's bytes are placeholders.
         lead = head + bytes(nw) + fmt_field + bytes([sub_tag, sub_len]) + seg_f
-        tmpl = lead + (bytes([_TAG_OFFSET]) + bytes(w) if w else b"") + tail
+        tmpl = lead + (bytes([TAG_OFFSET]) + bytes(w) if w else b"") + tail
         rows = np.empty((z - a, len(tmpl)), dtype=_U8)
         rows[:] = np.frombuffer(tmpl, dtype=_U8)
         idx = order[a:z]

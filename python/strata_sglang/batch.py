@@ -44,20 +44,11 @@ from strata_client import uniform, wire
 # numpy arrays (a CPU tensor's .numpy() is a view, no copy).
 _I64 = np.int64
 _U8 = np.uint8
-# Protobuf tags of the fields an item holds: Put/Get.items (1, bytes), Item.key
-# (1, bytes), Item.format (2, fixed64), Item.ranges (3, bytes), Range.segment (1,
-# varint), Range.offset (2, varint), Range.length (3, varint).
-_TAG_ITEM = 0x0A
-_TAG_KEY = 0x0A
-_TAG_RANGE = 0x1A
-_TAG_SEGMENT = 0x08
-_TAG_OFFSET = 0x10
-_TAG_LENGTH = 0x18
-# Revision 2: Item.runs (4, bytes), Run.stride (4), Run.count (5); a Run's
-# segment, offset and length have a Range's tags.
-_TAG_RUN = 0x22
-_TAG_STRIDE = 0x20
-_TAG_COUNT = 0x28
+# Protobuf tags of the fields an item holds (strata_client.uniform names them).
+_TAG_ITEM, _TAG_KEY = uniform.TAG_ITEM, uniform.TAG_KEY
+_TAG_RANGE, _TAG_RUN = uniform.TAG_RANGE, uniform.TAG_RUN
+_TAG_SEGMENT, _TAG_OFFSET, _TAG_LENGTH = uniform.TAG_SEGMENT, uniform.TAG_OFFSET, uniform.TAG_LENGTH
+_TAG_STRIDE, _TAG_COUNT = uniform.TAG_STRIDE, uniform.TAG_COUNT
 
 # Varints are written in fixed-width slots, one per field, as wide as the
 # field's largest value needs (at most _W 7-bit groups: segments are uint32;
@@ -481,8 +472,7 @@ def encode_pages(
     ok, stride = as_runs(sid, off, lens, keep) if runs else (None, None)
     if ok is None or not bool(ok.any()):
         if nr == 1 and _alike(names, sid, lens) and bool(keep.all()):
-            tail = bytes([_TAG_LENGTH]) + wire.varint(int(lens[0, 0]))
-            got = uniform.encode(arr(names), fmt_field, _TAG_RANGE, int(sid[0, 0]), off[:, 0], tail)
+            got = uniform.ranges(arr(names), fmt_field, int(sid[0, 0]), off[:, 0], int(lens[0, 0]))
             if got is not None:
                 body, sizes, order = got
                 return Encoded(
@@ -493,11 +483,8 @@ def encode_pages(
     run = (sid[:, 0], off[:, 0], lens[:, 0], stride, np.full_like(stride, nr))
     if bool(ok.all()):
         if _alike(names, sid[:, 0], lens[:, 0], stride):
-            tail = bytes([_TAG_LENGTH]) + wire.varint(int(lens[0, 0]))
-            tail += (
-                uniform._field(_TAG_STRIDE, int(stride[0])) + bytes([_TAG_COUNT]) + wire.varint(nr)
-            )
-            got = uniform.encode(arr(names), fmt_field, _TAG_RUN, int(sid[0, 0]), off[:, 0], tail)
+            head = (arr(names), fmt_field, int(sid[0, 0]), off[:, 0], int(lens[0, 0]))
+            got = uniform.runs(*head, int(stride[0]), nr)
             if got is not None:
                 body, sizes, order = got
                 return Encoded(

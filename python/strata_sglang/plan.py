@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from strata_client import uniform, wire
+from strata_client import uniform
 
 from . import batch
 
@@ -119,27 +119,25 @@ def _affine(names, pages, fmt_field, seg_ids, plan: Affine, runs: bool):
     t = plan.t
     sid = seg_ids[t.seg]  # (parts, runs)
     nr = t.keep.shape[1]
+    off = (t.off0[None, :, 0] + plan.page[:, None] * t.step[None]).reshape(-1)
     if bool((t.keep.sum(1) == 1).all()):
         # One range a part (page_first, or layer_first in a pool of one page).
         cols = (sid[:, 0], t.length[:, 0])
         if not all(bool((c == c[0]).all()) for c in cols):
             return None
-        sub, tail = batch._TAG_RANGE, bytes([batch._TAG_LENGTH]) + wire.varint(int(cols[1][0]))
+        got = uniform.ranges(names, fmt_field, int(sid[0, 0]), off, int(cols[1][0]))
         nruns = 0
     elif runs:
         ok, stride = batch.as_runs(sid, t.off0, t.length, t.keep)
         cols = (sid[:, 0], t.length[:, 0], stride)
         if not bool(ok.all()) or not all(bool((c == c[0]).all()) for c in cols):
             return None
-        sub = batch._TAG_RUN
-        tail = bytes([batch._TAG_LENGTH]) + wire.varint(int(cols[1][0]))
-        tail += uniform._field(batch._TAG_STRIDE, int(stride[0]))
-        tail += bytes([batch._TAG_COUNT]) + wire.varint(nr)
+        got = uniform.runs(
+            names, fmt_field, int(sid[0, 0]), off, int(cols[1][0]), int(stride[0]), nr
+        )
         nruns = plan.page.size * t.parts
     else:
         return None
-    off = (t.off0[None, :, 0] + plan.page[:, None] * t.step[None]).reshape(-1)
-    got = uniform.encode(names, fmt_field, sub, int(sid[0, 0]), off, tail)
     if got is None:
         return None
     body, sizes, order = got

@@ -349,7 +349,18 @@ class StrataTier(SecondaryTierManager):
         try:
             conn, (sid,) = self.client.resolve([self._seg])
             body, order = self._encode(rows, sid)
-            msg = wire.Put() if op == wire.PUT else wire.Get()
+            if body is None:
+                items = [
+                    wire.Item(
+                        K.key_name(self.namespace, k),
+                        K.ROW_FORMAT,
+                        [wire.Range(sid, b * self._stride, self._stride)],
+                    )
+                    for k, b in rows
+                ]
+                msg = wire.Put(items) if op == wire.PUT else wire.Get(items)
+            else:
+                msg = wire.Put() if op == wire.PUT else wire.Get()
             r = conn.call(msg, self.timeout, body=body)
         except (StrataError, wire.Malformed, OSError):
             return None
@@ -368,26 +379,17 @@ class StrataTier(SecondaryTierManager):
         return wire.BatchReply(results)
 
     def _encode(self, rows, sid):
-        """The body of a Put or Get of rows, and the order of its items (None:
-        the rows' own). Rows whose names are of one length, as vLLM's block
-        hashes are, are filled templates (strata_client.uniform) instead of
-        an item encoded by one Python call each."""
+        """rows as strata_client.uniform's filled template rows: (the body, the
+        order of its items) when their names are of one length, as vLLM's
+        block hashes are; else (None, None), and _call encodes one wire.Item a
+        row."""
         names = [K.key_name(self.namespace, k).encode() for k, _ in rows]
-        tail = bytes([0x18]) + wire.varint(self._stride)  # Range.length
-        if len(set(map(len, names))) == 1 and len(names[0]) > 0:
-            mat = np.frombuffer(b"".join(names), dtype=np.uint8).reshape(len(names), -1)
-            off = np.fromiter((b for _, b in rows), dtype=np.int64, count=len(rows)) * self._stride
-            got = uniform.encode(mat, self._fmt_field, 0x1A, sid, off, tail)
-            if got is not None:
-                return got[0], got[2]
-        items = [
-            wire.Item(n.decode(), K.ROW_FORMAT, [wire.Range(sid, b * self._stride, self._stride)])
-            for n, (_, b) in zip(names, rows)
-        ]
-        return (
-            b"".join(b"\x0a" + wire.varint(len(x)) + x for x in map(wire.encode_item, items)),
-            None,
-        )
+        if len(set(map(len, names))) != 1 or not names[0]:
+            return None, None
+        mat = np.frombuffer(b"".join(names), dtype=np.uint8).reshape(len(names), -1)
+        off = np.fromiter((b for _, b in rows), dtype=np.int64, count=len(rows)) * self._stride
+        got = uniform.ranges(mat, self._fmt_field, sid, off, self._stride)
+        return (None, None) if got is None else (got[0], got[2])
 
     def _run_staged(self, pairs, op) -> List[bytes]:
         """The copy path: rows through the staging buffer, a buffer-full at a
